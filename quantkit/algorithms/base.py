@@ -1,0 +1,96 @@
+"""The algorithm interface: one decoder layer at a time.
+
+An algorithm is a dataclass whose fields are its recipe options. The pipeline hands it a
+``LayerContext`` (the materialised layer, its target linears with their schemes, and a way
+to run the layer over the captured calibration inputs); it returns quantized weights as
+plain data. Applying them (writing dequantized weights back, packing, writing shards) is
+the pipeline's job, so results can be inspected, saved and reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import QuantkitError
+from ..scheme import QuantScheme
+
+
+@dataclass
+class QuantizedWeight:
+    """A quantized weight as plain data (docs/DESIGN.md has the layouts)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero_point: torch.Tensor | None = None
+    g_idx: torch.Tensor | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LayerContext:
+    """What an algorithm sees of one decoder layer."""
+
+    index: int
+    name: str
+    layer: nn.Module
+    targets: dict[str, tuple[nn.Linear, QuantScheme]]
+    subgroups: list[list[str]]
+    run: Callable[[], None]
+    num_samples: int = 0
+    num_tokens: int = 0
+
+    def forward(self) -> None:
+        """Run the layer over every captured calibration input (hooks see the real inputs)."""
+        self.run()
+
+
+class Algorithm(ABC):
+    """Base class; subclasses are dataclasses registered with ``register_algorithm``."""
+
+    name: ClassVar[str] = ""
+    requires_calibration: ClassVar[bool] = False
+
+    @abstractmethod
+    def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
+        """Quantize the target linears of one layer and return their codes and qparams."""
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(name: str):
+    """Class decorator: make an algorithm available to recipes under ``name``."""
+
+    def deco(cls):
+        cls.name = name
+        ALGORITHMS[name] = cls
+        return cls
+
+    return deco
+
+
+def build_algorithm(name: str, options: Mapping[str, Any] | None = None, where: str = "algorithm") -> Algorithm:
+    """Instantiate a registered algorithm from recipe options, rejecting unknown keys."""
+    from . import ensure_registered
+
+    ensure_registered()
+    if name not in ALGORITHMS:
+        raise QuantkitError(f"{where}.name: unknown algorithm '{name}' (known: {', '.join(sorted(ALGORITHMS))})")
+    cls = ALGORITHMS[name]
+    options = dict(options or {})
+    allowed = {f.name for f in dataclasses.fields(cls)}
+    for key in options:
+        if key not in allowed:
+            raise QuantkitError(f"{where}: unknown key '{key}' for algorithm '{name}' (allowed: {', '.join(sorted(allowed)) or 'none'})")
+    try:
+        return cls(**options)
+    except QuantkitError as e:
+        raise QuantkitError(f"{where}.{e}") from None
+    except (TypeError, ValueError) as e:
+        raise QuantkitError(f"{where}: {e}") from None
