@@ -1,0 +1,122 @@
+"""The manifest: everything needed to audit a calibration set, as plain JSON-ready data.
+
+Counts and statistics only, never calibration text. Key order and float rounding are fixed so
+that one seed gives byte-identical files.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from quantkit.calibration.config import SamplerConfig
+from quantkit.calibration.io import Malformed
+from quantkit.calibration.sampler import Pool, Selection, bucket_index
+
+MANIFEST_FORMAT = "quantkit-calibration"
+MANIFEST_VERSION = 1
+SHARE_DIGITS = 6
+
+
+def histogram_edges(max_len: int) -> list[int]:
+    """Token-length histogram bins: (0, 16], (16, 32], ... doubling, the last ending at max_len."""
+    edges, e = [], 16
+    while e < max_len:
+        edges.append(e)
+        e *= 2
+    return edges + [max_len]
+
+
+def _histogram(lengths: np.ndarray, edges: list[int]) -> list[int]:
+    return np.bincount(bucket_index(lengths, edges), minlength=len(edges)).astype(int).tolist()
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, SHARE_DIGITS) if whole else 0.0
+
+
+def _sorted_counts(values: list[str]) -> dict[str, int]:
+    return dict(sorted(Counter(values).items()))
+
+
+def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cfg: SamplerConfig,
+                   rows_read: int, malformed: Malformed, pool: Pool, selection: Selection,
+                   warnings: list[str]) -> dict[str, Any]:
+    picked = selection.indices
+    n_pool, n_sel = len(pool.rows), len(picked)
+    cells = pool.cells()
+    cell_rows = []
+    for c, ix in cells.items():
+        cell_rows.append({
+            "task": c[0], "bucket": c[1],
+            "source_rows": len(ix), "source_share": _share(len(ix), n_pool),
+            "target": selection.targets[c], "target_share": _share(selection.targets[c], cfg.num_samples),
+            "selected": selection.selected[c], "sample_share": _share(selection.selected[c], n_sel),
+        })
+    sel_tasks = [pool.tasks[i] for i in picked]
+    sel_buckets = [pool.labels[pool.buckets[i]] for i in picked]
+    hist_edges = histogram_edges(cfg.max_len)
+    return {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "source": source,
+        "tokenizer": tokenizer_info,
+        "config": cfg.to_dict(),
+        "counts": {
+            "rows_read": rows_read,
+            "malformed": malformed.total,
+            "valid": n_pool + pool.duplicates_exact + pool.dropped_long,
+            "duplicates_exact": pool.duplicates_exact,
+            "dropped_too_long": pool.dropped_long,
+            "pool": n_pool,
+            "duplicates_near": selection.duplicates_near,
+            "selected": n_sel,
+            "truncated_source": int(pool.truncated.sum()),
+            "truncated_selected": int(sum(bool(pool.truncated[i]) for i in picked)),
+            "tokens_selected": int(sum(len(ids) for ids in selection.ids)),
+        },
+        "malformed": malformed.to_dict(),
+        "task_source": {
+            "source": _sorted_counts(pool.task_from),
+            "sample": _sorted_counts([pool.task_from[i] for i in picked]),
+        },
+        "bucket_labels": pool.labels,
+        "cells": cell_rows,
+        "tasks": _marginal(pool.tasks, sel_tasks),
+        "buckets": _marginal([pool.labels[b] for b in pool.buckets], sel_buckets, order=pool.labels),
+        "length_histogram": {
+            "edges": hist_edges,
+            "source": _histogram(pool.lengths, hist_edges),
+            "sample": _histogram(np.asarray([len(ids) for ids in selection.ids], dtype=np.int64),
+                                 hist_edges),
+        },
+        "languages": {
+            "source": _sorted_counts(pool.languages),
+            "sample": _sorted_counts([pool.languages[i] for i in picked]),
+        },
+        "warnings": warnings,
+    }
+
+
+def _marginal(source: list[str], sample: list[str], order: list[str] | None = None) -> list[dict[str, Any]]:
+    src, smp = Counter(source), Counter(sample)
+    keys = [k for k in order if k in src] if order else sorted(src)
+    return [{"name": k, "source_rows": src[k], "source_share": _share(src[k], len(source)),
+             "selected": smp[k], "sample_share": _share(smp[k], len(sample))} for k in keys]
+
+
+def coverage_warnings(pool: Pool, selection: Selection, cfg: SamplerConfig) -> list[str]:
+    """Thin cells (few source rows), cells left out, and a set smaller than asked."""
+    out = []
+    for c, ix in pool.cells().items():
+        if len(ix) < cfg.warn_below_rows:
+            out.append(f"cell {c[0]} x {c[1]}: only {len(ix)} source rows (< {cfg.warn_below_rows}); "
+                       "collect more traffic of this kind")
+        if selection.selected[c] == 0:
+            out.append(f"cell {c[0]} x {c[1]}: not represented (num_samples too small for all cells)")
+    if len(selection.indices) < cfg.num_samples:
+        out.append(f"selected {len(selection.indices)} samples, fewer than the {cfg.num_samples} asked: "
+                   "the log has no more distinct rows")
+    return out

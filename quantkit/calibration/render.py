@@ -1,0 +1,103 @@
+"""Turn a log record into the text the model would see.
+
+Shapes, tried in this order (key names come from ``FieldMap``):
+- chat: ``messages`` = [{"role", "content"}, ...] rendered with the model's own chat template;
+- prompt/completion: ``prompt`` + ``completion`` concatenated as-is (a completion log);
+- raw text: ``text``.
+The "instruction" kept beside the text is what a user asked (system and user turns, or the
+prompt); task rules read it rather than the whole rendered conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from quantkit.calibration.config import FieldMap
+
+
+@dataclass(frozen=True)
+class Row:
+    line: int
+    text: str
+    instruction: str
+    shape: str             # "chat" | "prompt" | "text"
+    task: str | None       # from the log's task field, normalised; None when absent
+
+
+class RowError(Exception):
+    """A record that cannot be rendered; ``reason`` is the malformed-count key."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+ChatRenderer = Callable[[list[dict[str, str]]], str]
+
+
+def chat_renderer(tokenizer: Any) -> ChatRenderer:
+    """Render with the tokenizer's chat template; fall back to a plain role-tagged layout when the
+    tokenizer has none (base models), so chat logs still calibrate a base model sensibly."""
+    if getattr(tokenizer, "chat_template", None):
+        return lambda messages: tokenizer.apply_chat_template(messages, tokenize=False)
+    return lambda messages: "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def render_record(line: int, record: dict[str, Any], fields: FieldMap, render_chat: ChatRenderer) -> Row:
+    task = _task_value(record.get(fields.task)) if fields.task else None
+    if fields.messages in record and record[fields.messages] is not None:
+        messages = _clean_messages(record[fields.messages])
+        instruction = "\n".join(m["content"] for m in messages if m["role"] in ("system", "user"))
+        try:
+            text = render_chat(messages)
+        except Exception:  # a template may reject a role order (e.g. two user turns in a row)
+            raise RowError("template_rejected") from None
+        return Row(line, text, instruction or text, "chat", task)
+    if fields.prompt in record and record[fields.prompt] is not None:
+        prompt = _as_text(record[fields.prompt])
+        completion = _as_text(record.get(fields.completion) or "")
+        if not (prompt + completion).strip():
+            raise RowError("empty_text")
+        return Row(line, prompt + completion, prompt, "prompt", task)
+    if fields.text in record and record[fields.text] is not None:
+        text = _as_text(record[fields.text])
+        if not text.strip():
+            raise RowError("empty_text")
+        return Row(line, text, text, "text", task)
+    raise RowError("missing_field")
+
+
+def _as_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise RowError("wrong_type")
+    return value
+
+
+def _task_value(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        value = str(value)
+    value = value.strip().lower().replace(" ", "_").replace("-", "_")
+    return value or None
+
+
+def _clean_messages(value: Any) -> list[dict[str, str]]:
+    if not isinstance(value, list) or not value:
+        raise RowError("bad_messages")
+    out = []
+    for message in value:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise RowError("bad_messages")
+        content = message.get("content")
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise RowError("bad_messages")
+        out.append({"role": message["role"], "content": content})
+    if not any(m["content"].strip() for m in out):
+        raise RowError("empty_text")
+    return out

@@ -1,0 +1,139 @@
+"""The compressed-tensors checkpoint format: per-module compression and the config block.
+
+Compression and decompression are pure functions over one module's tensors; the model-level
+``quantization_config`` is built from the schemes and the ignore list. What vLLM and
+transformers (through the compressed-tensors package) read back is exactly this.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from ..errors import QuantkitError
+from ..primitives import dequantize
+from ..scheme import QuantArgs, QuantScheme
+from .packing import pack_int32, unpack_int32
+
+CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
+FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
+
+
+def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                    g_idx: torch.Tensor | None, scheme: QuantScheme, bias: torch.Tensor | None = None,
+                    input_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of one quantized Linear, named as the format names them (without the prefix)."""
+    args = scheme.weights
+    fmt = scheme.format
+    out: dict[str, torch.Tensor] = {"weight_scale": scale.contiguous()}
+    if fmt == "pack-quantized":
+        out["weight_packed"] = pack_int32(q, args.num_bits, dim=1)
+        out["weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
+        if zero_point is not None:
+            out["weight_zero_point"] = pack_int32(zero_point.to(torch.int8), args.num_bits, dim=0)
+    else:
+        out["weight"] = q.contiguous()
+        if zero_point is not None:
+            out["weight_zero_point"] = zero_point.to(torch.int8).contiguous()
+    if g_idx is not None:
+        if args.actorder != "group":
+            raise ValueError("g_idx is stored only for actorder 'group'")
+        out["weight_g_idx"] = g_idx.to(torch.int32).contiguous()
+    if bias is not None:
+        out["bias"] = bias.contiguous()
+    if input_scale is not None:
+        out["input_scale"] = input_scale.reshape(1).contiguous()
+    return out
+
+
+def unpack_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
+    """``(codes, zero_point)`` of one module as int8, whatever its format."""
+    args = scheme.weights
+    if "weight_packed" in tensors:
+        shape = tuple(int(s) for s in tensors["weight_shape"].tolist())
+        codes = unpack_int32(tensors["weight_packed"], args.num_bits, shape, dim=1)
+        zp = tensors.get("weight_zero_point")
+        if zp is not None:
+            n_cols = tensors["weight_scale"].shape[-1]
+            zp = unpack_int32(zp, args.num_bits, (shape[0], n_cols), dim=0)
+        return codes, zp
+    return tensors["weight"], tensors.get("weight_zero_point")
+
+
+def decompress_module(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme,
+                      dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dequantized weight of one module."""
+    codes, zp = unpack_codes(tensors, scheme)
+    return dequantize(codes, tensors["weight_scale"], zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
+
+
+# -- config -------------------------------------------------------------------------------------
+def quantization_config(groups: Mapping[str, QuantScheme], ignore: list[str],
+                        kv_cache_scheme: dict | None = None) -> dict[str, Any]:
+    """``config.json["quantization_config"]`` for a model quantized with ``groups``."""
+    formats = {s.format for s in groups.values()}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "config_groups": {name: s.to_dict() for name, s in groups.items()},
+        "ignore": list(ignore),
+        "kv_cache_scheme": kv_cache_scheme,
+        "quantization_status": "compressed",
+        "global_compression_ratio": None,
+        "sparsity_config": {},
+        "version": CT_VERSION,
+    }
+
+
+def parse_quantization_config(qc: Mapping[str, Any], where: str = "config.json") -> tuple[dict[str, QuantScheme], list[str]]:
+    """Schemes and ignore list from a compressed-tensors ``quantization_config``."""
+    if qc.get("quant_method") != "compressed-tensors":
+        raise QuantkitError(f"{where}: quantization_config.quant_method is not 'compressed-tensors'")
+    fmt = qc.get("format")
+    groups = {}
+    for name, g in (qc.get("config_groups") or {}).items():
+        g = dict(g)
+        g_fmt = g.pop("format", None) or fmt
+        w = g.get("weights")
+        a = g.get("input_activations")
+        scheme = QuantScheme(
+            tuple(g.get("targets", ["Linear"])),
+            None if w is None else _args_from_ct(w, f"{where}: config_groups.{name}.weights"),
+            None if a is None else _args_from_ct(a, f"{where}: config_groups.{name}.input_activations"),
+        )
+        if g_fmt not in (scheme.format, "mixed-precision"):
+            raise QuantkitError(f"{where}: config_groups.{name} has format '{g_fmt}', quantkit reads '{scheme.format}'")
+        groups[name] = scheme
+    return groups, list(qc.get("ignore") or [])
+
+
+def _args_from_ct(d: Mapping[str, Any], where: str) -> QuantArgs:
+    keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder"}
+    d = {k: v for k, v in d.items() if k in keep}
+    if d.get("dynamic") == "local":
+        raise QuantkitError(f"{where}: dynamic 'local' is not supported")
+    try:
+        return QuantArgs(**d)
+    except QuantkitError as e:
+        raise QuantkitError(f"{where}.{e}") from None
+
+
+# -- matching modules to schemes --------------------------------------------------------------
+def matches(name: str, class_name: str, pattern: str) -> bool:
+    """compressed-tensors target matching: 're:<regex>' on the name, else a class or exact name."""
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return pattern == class_name or pattern == name
+
+
+def scheme_for(name: str, class_name: str, groups: Mapping[str, QuantScheme], ignore: list[str]) -> QuantScheme | None:
+    """The scheme a module falls under, or ``None`` when ignored or untargeted."""
+    if any(matches(name, class_name, p) for p in ignore):
+        return None
+    for scheme in groups.values():
+        if any(matches(name, class_name, t) for t in scheme.targets):
+            return scheme
+    return None

