@@ -1,0 +1,172 @@
+"""Public verbs: ``calibrate`` (log -> calibration set + manifest + report) and
+``load_calibration`` (anything -> token ids for the pipeline)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantkit.calibration.allocate import allocate
+from quantkit.calibration.config import SamplerConfig
+from quantkit.calibration.encoding import (encode_ids, special_affixes, tokenizer_fingerprint,
+                                           truncate, with_affixes)
+from quantkit.calibration.io import RawLog, file_sha256, read_log
+from quantkit.calibration.manifest import build_manifest, coverage_warnings
+from quantkit.calibration.render import Row, RowError, chat_renderer, render_record
+from quantkit.calibration.report import report_html, report_json, report_markdown
+from quantkit.calibration.sampler import build_pool, draw
+from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_output, json_bytes,
+                                        read_output, samples_bytes, sha256, write_output)
+from quantkit.calibration.tokenizer import resolve_tokenizer
+from quantkit.errors import QuantkitError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LOG = Path(__file__).resolve().parents[2] / "calibration" / "default.jsonl"
+
+
+@dataclass
+class CalibrationResult:
+    manifest: dict[str, Any]
+    samples: list[dict[str, Any]]
+    files: dict[str, bytes]        # what was (or would be) written to the output folder
+    out: Path | None
+
+    @property
+    def input_ids(self) -> list[list[int]]:
+        return [s["input_ids"] for s in self.samples]
+
+
+def default_log_path() -> Path:
+    """The embedded business-traffic log (calibration/default.jsonl, see PROVENANCE.md)."""
+    if not DEFAULT_LOG.is_file():
+        raise QuantkitError(f"{DEFAULT_LOG}: embedded default calibration log missing "
+                            "(rebuild it with calibration/build_default.py)")
+    return DEFAULT_LOG
+
+
+def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerConfig | None = None,
+              out: str | Path | None = None, **overrides: Any) -> CalibrationResult:
+    """Draw a stratified calibration set from a traffic log and describe it.
+
+    ``source`` is a JSONL/CSV/Parquet/.txt log or a saved HF datasets folder (``None``: the
+    embedded default); ``tokenizer`` an object, a model folder, or ``None`` for the default
+    model's; ``overrides`` are ``SamplerConfig`` fields. With ``out`` the set, manifest and
+    reports are written there (atomically).
+
+    Example:
+        >>> res = calibrate("logs.jsonl", "models/my-model", num_samples=256, max_len=4096,
+        ...                 out="calib/")                                      # doctest: +SKIP
+        >>> res.manifest["counts"]["selected"]                                 # doctest: +SKIP
+        256
+    """
+    cfg = replace(config or SamplerConfig(), **overrides) if overrides else (config or SamplerConfig())
+    path = Path(source) if source is not None else default_log_path()
+    tok = resolve_tokenizer(tokenizer)
+    raw = read_log(path)
+    rows_read = len(raw.records) + raw.malformed.total  # lines that were not even records count too
+    rows = _render(raw, tok, cfg)
+    _check_malformed(path, raw, rows_read, len(rows), cfg)
+    affixes = special_affixes(tok)
+    pool = build_pool(rows, tok, cfg, affixes)
+    selection = draw(pool, tok, cfg, affixes)
+    samples = []
+    for k, (i, ids) in enumerate(zip(selection.indices, selection.ids)):
+        row = pool.rows[i]
+        samples.append({"id": k, "source_line": row.line, "task": pool.tasks[i],
+                        "task_from": pool.task_from[i], "bucket": pool.labels[pool.buckets[i]],
+                        "language": pool.languages[i], "tokens": len(ids),
+                        "truncated": bool(pool.truncated[i]), "text": row.text, "input_ids": ids})
+    source_info = {"name": path.name, "format": raw.kind, "sha256": file_sha256(path),
+                   "bytes": path.stat().st_size if path.is_file() else None}
+    manifest = build_manifest(source=source_info, tokenizer_info=tokenizer_fingerprint(tok), cfg=cfg,
+                              rows_read=rows_read, malformed=raw.malformed, pool=pool,
+                              selection=selection, warnings=coverage_warnings(pool, selection, cfg))
+    sample_data = samples_bytes(samples)
+    manifest["samples_file"] = SAMPLES_FILE
+    manifest["samples_sha256"] = sha256(sample_data)
+    files = {SAMPLES_FILE: sample_data, MANIFEST_FILE: json_bytes(manifest),
+             "report.md": report_markdown(manifest).encode("utf-8"),
+             "report.html": report_html(manifest).encode("utf-8"),
+             "report.json": json_bytes(report_json(manifest))}
+    written = write_output(out, files) if out is not None else None
+    return CalibrationResult(manifest=manifest, samples=samples, files=files, out=written)
+
+
+def _render(raw: RawLog, tokenizer: Any, cfg: SamplerConfig) -> list[Row]:
+    render_chat = chat_renderer(tokenizer)
+    rows = []
+    for line, record in raw.records:
+        try:
+            rows.append(render_record(line, record, cfg.fields, render_chat))
+        except RowError as err:
+            raw.malformed.add(err.reason, line)
+    return rows
+
+
+def _check_malformed(path: Path, raw: RawLog, rows_read: int, valid: int, cfg: SamplerConfig) -> None:
+    if rows_read == 0:
+        raise QuantkitError(f"{path}: no rows")
+    share = raw.malformed.total / rows_read
+    if share > cfg.max_malformed_share:
+        raise QuantkitError(f"{path}: {100 * share:.1f}% of {rows_read} rows malformed (limit "
+                            f"{100 * cfg.max_malformed_share:g}%): {raw.malformed.summary()}")
+    if valid == 0:
+        raise QuantkitError(f"{path}: no usable rows (fields: {cfg.fields})")
+
+
+def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int, max_seq_len: int,
+                     seed: int = 0) -> list[list[int]]:
+    """Token ids for calibration, BOS rules applied, each at most ``max_seq_len`` long.
+
+    ``source``: a sampler output folder (its saved samples are used: a stratified subset when
+    fewer are asked for), a JSONL/CSV/Parquet/.txt log or HF datasets folder (sampled on the
+    fly with the default policy), or ``None``/``"default"`` for the embedded default log.
+
+    Example:
+        >>> ids = load_calibration("calib/", tok, num_samples=128, max_seq_len=2048, seed=0)  # doctest: +SKIP
+    """
+    tok = resolve_tokenizer(tokenizer)
+    if source is None or str(source) == "default":
+        source = default_log_path()
+    path = Path(source)
+    if not is_sampler_output(path):
+        cfg = SamplerConfig(num_samples=num_samples, max_len=max_seq_len, seed=seed)
+        return calibrate(path, tok, cfg).input_ids
+    manifest, samples = read_output(path)
+    chosen = _stratified_subset(samples, num_samples, seed)
+    if len(chosen) < num_samples:
+        log.warning("%s: holds %d samples, %d asked; using all", path, len(chosen), num_samples)
+    affixes = special_affixes(tok)
+    same_tok = manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tok)["sha256"]
+    if not same_tok:
+        log.warning("%s: sampled with another tokenizer (%s); re-tokenising its texts", path,
+                    manifest["tokenizer"]["name_or_path"])
+    saved_len = manifest["config"]["max_len"]
+    out = []
+    for s in chosen:
+        reuse = same_tok and (not s["truncated"] or max_seq_len <= saved_len)
+        ids = s["input_ids"] if reuse else \
+            with_affixes(encode_ids(tok, [s["text"]])[0], affixes)
+        out.append(truncate(list(ids), max_seq_len, affixes))
+    return out
+
+
+def _stratified_subset(samples: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+    """Keep the saved set's cell mix when fewer samples are asked for (at least one per cell)."""
+    if n >= len(samples):
+        return samples
+    cells: dict[tuple[str, str], list[int]] = {}
+    for k, s in enumerate(samples):
+        cells.setdefault((s["task"], s["bucket"]), []).append(k)
+    quotas = allocate({c: len(ix) for c, ix in cells.items()}, n, "proportional", 1)
+    rng = np.random.default_rng(seed)
+    keep = []
+    for c in sorted(cells):
+        ix = cells[c]
+        keep += [ix[j] for j in sorted(rng.permutation(len(ix))[:quotas[c]])]
+    return [samples[k] for k in sorted(keep)]
