@@ -32,6 +32,20 @@ def _round_half_even(v):
 
 
 @triton.jit
+def _round_to_e4m3(v):
+    # Round |v| <= 448 to the nearest E4M3 value in fp32, so that the cast below is exact.
+    # The interpreter's fp32->fp8 cast drops the carry when the mantissa rounds up into the
+    # next binade (127.9 becomes 64, FACTS.md); on a GPU this matches the native RNE cast.
+    bits = v.to(tl.int32, bitcast=True)
+    # normal range: keep 3 of 23 mantissa bits, round to nearest even on the bit pattern
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # -1048576 == ~0xFFFFF
+    normal = bits.to(tl.float32, bitcast=True)
+    # subnormal range (|v| < 2^-6): fixed step 2^-9
+    sub = _round_half_even(v * 512.0) * 0.001953125
+    return tl.where(tl.abs(v) < 0.015625, sub, normal)
+
+
+@triton.jit
 def _act_quant_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
     STATIC: tl.constexpr, INT8: tl.constexpr, LIMIT: tl.constexpr, BLOCK: tl.constexpr,
@@ -50,20 +64,21 @@ def _act_quant_kernel(
         tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
+        # cast at once: bf16 arithmetic is broken in the interpreter (FACTS.md)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         v = tl.math.div_rn(x, scale)  # IEEE division, as torch does (the default '/' is approximate)
         if INT8:
             v = tl.minimum(tl.maximum(_round_half_even(v), -128.0), 127.0)
         else:
-            v = tl.minimum(tl.maximum(v, -448.0), 448.0)
+            v = _round_to_e4m3(tl.minimum(tl.maximum(v, -448.0), 448.0))
         tl.store(q_ptr + row * stride_qm + offs, v.to(q_ptr.dtype.element_ty), mask=offs < K)
 
 
 def quantize_activations(x: torch.Tensor, kind: str, input_scale: torch.Tensor | None = None):
     """Codes ``[M, K]`` and fp32 scales (``[M, 1]`` per token, ``[1]`` static) of ``x`` ``[M, K]``.
 
-    ``kind`` is ``"fp8"`` or ``"int8"``. Under the interpreter the fp32->fp8 cast rounds a few
-    percent of values to a neighbouring code (FACTS.md); on a GPU it rounds to nearest even.
+    ``kind`` is ``"fp8"`` or ``"int8"``. FP8 codes are rounded to nearest even in fp32 before
+    the cast, which sidesteps the interpreter's faulty fp32->fp8 cast (FACTS.md).
     """
     if kind not in ("fp8", "int8"):
         raise ValueError(f"kind: expected 'fp8' or 'int8', got {kind!r}")
@@ -82,8 +97,6 @@ def quantize_activations(x: torch.Tensor, kind: str, input_scale: torch.Tensor |
         scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
     if m == 0:
         return codes, scale
-    if x.dtype == torch.bfloat16 and not x.is_cuda:
-        x = x.float()  # interpreter: bf16 loads are fine but keep all math in fp32 (FACTS.md)
     _act_quant_kernel[(m,)](x, codes, scale, k, x.stride(0), codes.stride(0),
                             STATIC=input_scale is not None, INT8=int8,
                             LIMIT=INT8_LIMIT if int8 else FP8_MAX, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(k)))
@@ -102,3 +115,40 @@ def quantize_activations_reference(x: torch.Tensor, kind: str, input_scale: torc
     if kind == "int8":
         return torch.round(v).clamp(-128, 127).to(torch.int8), scale
     return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+# -- shared by the W8A8 wrappers ------------------------------------------------------------
+def check_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_dtype: torch.dtype,
+               bias: torch.Tensor | None) -> torch.Tensor:
+    """Check shapes and dtypes; return the weight scale as fp32 ``[1]`` or ``[N]``."""
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"x: expected float16, bfloat16 or float32 activations, got {x.dtype}")
+    if weight.dtype != weight_dtype or weight.dim() != 2:
+        raise ValueError(f"weight: expected a 2-D {weight_dtype} tensor [N, K], got {weight.dtype} {list(weight.shape)}")
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x: last dimension {x.shape[-1]} does not match the weight's in_features={k}")
+    if x.device != weight.device:
+        raise ValueError(f"x: on {x.device} but weight is on {weight.device}")
+    if weight_scale.numel() not in (1, n) or (weight_scale.numel() == n and weight_scale.shape[0] != n):
+        raise ValueError(f"weight_scale: expected [1] (tensor) or [{n}, 1] (channel), got {list(weight_scale.shape)}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"bias: expected [{n}], got {list(bias.shape)}")
+    return weight_scale.reshape(-1).float()
+
+
+def activation_codes(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | None, dynamic: bool,
+                     strategy: str = "token"):
+    """Codes and fp32 scales (``[M, 1]`` or ``[1]``) for the 2-D activations of a W8A8 layer.
+
+    ``dynamic`` with ``strategy="token"`` runs the fused per-token kernel; dynamic per-tensor
+    takes the scale from the whole tensor's absmax; static uses ``input_scale``.
+    """
+    if dynamic and strategy == "tensor":
+        limit = INT8_LIMIT if kind == "int8" else FP8_MAX
+        input_scale = torch.clamp(x2.abs().amax().float() / limit, min=MIN_SCALE).reshape(1)
+    elif dynamic and strategy != "token":
+        raise ValueError(f"input_strategy: dynamic activations support 'token' or 'tensor', got {strategy!r}")
+    elif not dynamic and input_scale is None:
+        raise ValueError("input_scale: static activation quantization needs a stored input_scale")
+    return quantize_activations(x2, kind, input_scale)

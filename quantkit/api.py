@@ -1,0 +1,145 @@
+"""The Python API: ``quantize(model_or_path, recipe, calibration=None) -> QuantizedModel``.
+
+Example:
+    >>> import quantkit
+    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-g64")
+    >>> q.save("out/model-w4a16")
+    >>> model = quantkit.load("out/model-w4a16")
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+
+from .errors import QuantkitError
+from .formats.writer import ShardWriter, move_into_place, prepare_output
+from .pipeline import PipelineResult, run_pipeline
+from .recipe import Recipe, load_recipe
+from .source import SafetensorsSource, StateDictSource, copy_side_files
+
+
+@dataclass
+class QuantizedModel:
+    """A finished checkpoint in a staging folder; ``save`` moves it into place."""
+
+    result: PipelineResult
+    recipe: Recipe
+    _saved: Path | None = None
+
+    @property
+    def path(self) -> Path:
+        return self._saved or self.result.path
+
+    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+        if self._saved is not None:
+            raise QuantkitError(f"{out}: already saved to {self._saved}")
+        self._saved = move_into_place(self.result.path, Path(out), overwrite)
+        return self._saved
+
+    def load(self, backend: str | None = None):
+        from .loader import load
+
+        return load(self.path, backend=backend)
+
+    def summary(self) -> dict[str, Any]:
+        r = self.result
+        return {
+            "layers": r.num_layers, "quantized_modules": r.num_quantized, "formats": r.formats,
+            "bytes_before": r.bytes_before, "bytes_after": r.bytes_after, "ratio": round(r.ratio, 3),
+            "seconds": round(r.seconds, 2), "peak_rss_bytes": r.peak_rss_bytes,
+        }
+
+    def __del__(self):
+        if self._saved is None and self.result.path.exists():
+            shutil.rmtree(self.result.path, ignore_errors=True)
+
+
+def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: bool = False):
+    """``(config, source, folder)`` for a folder, an in-memory model or the embedded default."""
+    from transformers import AutoConfig
+
+    if model is None:
+        from .models import default_model_dir
+
+        model = default_model_dir()
+    if isinstance(model, nn.Module):
+        config = model.config
+        return config, StateDictSource(model.state_dict(), getattr(model, "name_or_path", None) and _as_dir(model.name_or_path)), _as_dir(getattr(model, "name_or_path", ""))
+    folder = Path(model)
+    if not folder.exists():
+        raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")
+    source = SafetensorsSource(folder)
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise QuantkitError(f"{folder / 'config.json'}: {str(e).splitlines()[0]}") from None
+    return config, source, folder
+
+
+def _as_dir(p) -> Path | None:
+    try:
+        p = Path(p)
+        return p if p.is_dir() else None
+    except TypeError:
+        return None
+
+
+def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, tokenizer_dir: Path | None):
+    """Token-id samples for the pipeline from a path, a list of texts, token lists, or the default."""
+    settings = recipe.calibration
+    if source is None:
+        source = settings.dataset
+    if source is not None and not isinstance(source, (str, Path)):
+        items = list(source)
+        if items and isinstance(items[0], str):
+            tok = _tokenizer(tokenizer_dir)
+            return [tok(t, truncation=True, max_length=settings.max_seq_len)["input_ids"] for t in items[: settings.num_samples]]
+        return [list(map(int, x))[: settings.max_seq_len] for x in items[: settings.num_samples]]
+    tok = _tokenizer(tokenizer_dir)
+    from .calibration import load_calibration
+
+    return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed)
+
+
+def _tokenizer(folder: Path | None):
+    from transformers import AutoTokenizer
+
+    if folder is None:
+        raise QuantkitError("calibration: text samples need the model's tokenizer (no model folder known)")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recipe | dict | None" = None,
+             calibration: "str | Path | Sequence | None" = None, *, workdir: str | Path | None = None,
+             device: str = "cpu", progress: Callable | None = None, log: Callable | None = None,
+             trust_remote_code: bool = False) -> QuantizedModel:
+    """Quantize a model layer by layer into a compressed-tensors checkpoint.
+
+    ``model`` is a local Hugging Face folder, an in-memory transformers model, or ``None`` for the
+    embedded default (SmolLM2-135M-Instruct). ``recipe`` is a Recipe, a YAML path, a shipped
+    recipe name (``recipes/``) or a preset name. ``calibration`` is a path (sampler output
+    folder, JSONL/CSV/Parquet log, text file), a list of texts or a list of token-id lists;
+    it is used only when the recipe needs data.
+    """
+    recipe = load_recipe(recipe)
+    config, source, folder = resolve_model(model, trust_remote_code)
+    samples = None
+    if recipe.needs_calibration:
+        samples = resolve_calibration(calibration, recipe, folder)
+    writer = ShardWriter(workdir, recipe.output.max_shard_size)
+    try:
+        result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log)
+        copy_side_files(folder, writer.tmp)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        source.close()
+    return QuantizedModel(result, recipe)

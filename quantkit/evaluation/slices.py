@@ -1,0 +1,139 @@
+"""Evaluation slices: named groups of items, loaded from JSONL files in eval/slices/.
+
+Each line of a slice file is one item, with a ``kind``:
+
+- ``text``: ``{"id", "text", "focus"?}``: teacher-forced perplexity, KL, top-1 agreement
+  (``focus`` lists ``[start, end)`` character spans, e.g. the digits or the names, whose
+  tokens are also measured on their own) and greedy generation from the text's opening;
+- ``mc``: ``{"id", "question", "choices", "answer"}`` (answer = index of the right choice);
+- ``extract``: ``{"id", "prompt", "reference"}`` (reference = list of strings to find);
+- ``code``: ``{"id", "prompt", "test", "entry_point"}`` (HumanEval layout).
+
+A slice is public when its text ships with quantkit; the user's own calibration log makes
+private "business" slices, whose text stays out of reports unless asked for.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import QuantkitError
+
+KINDS = {"text": ("text",), "mc": ("question", "choices", "answer"),
+         "extract": ("prompt", "reference"), "code": ("prompt", "test", "entry_point")}
+
+# The default suite: slice name -> long-context (measured at --max-len, KL by position).
+DEFAULT_SUITE = ("numbers-en", "numbers-zh", "code-en", "code-zh", "names-en", "names-zh",
+                 "knowledge-en", "long-en", "long-zh")
+
+
+def eval_dir() -> Path:
+    """The eval/ folder shipped beside the package (repository checkout)."""
+    return Path(__file__).resolve().parents[2] / "eval"
+
+
+@dataclass
+class Slice:
+    name: str
+    items: list[dict]
+    public: bool = True
+    long_context: bool = False
+    source: str = ""
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [it for it in self.items if it["kind"] == kind]
+
+
+@dataclass
+class SuiteOptions:
+    """How much of each slice to run; the defaults keep SmolLM2 under 10 minutes on 2 cores."""
+    max_items: int | None = None            # per kind per slice (None: all)
+    item_tokens: int = 256                  # short texts are cut to this many tokens
+    gen_tokens: int = 32                    # greedy generation agreement over N tokens
+    gen_prompts: int = 8                    # prompts per slice for generation agreement
+    prompt_tokens: int = 32                 # opening of a text used as generation prompt
+    extract_tokens: int = 40
+    code_tokens: int = 128
+    code_timeout_s: float = 5.0
+    batch_tokens: int = 2048                # padded tokens per teacher-forced batch
+    gen_batch: int = 8
+    extra: dict = field(default_factory=dict)
+
+
+def _check_item(item: dict, where: str) -> None:
+    kind = item.get("kind")
+    if kind not in KINDS:
+        raise QuantkitError(f"{where}: unknown item kind {kind!r} (expected one of {sorted(KINDS)})")
+    missing = [k for k in KINDS[kind] if k not in item]
+    if missing:
+        raise QuantkitError(f"{where}: {kind} item lacks key {missing[0]!r}")
+
+
+def read_slice(path: Path, name: str | None = None, public: bool = True) -> Slice:
+    path = Path(path)
+    if not path.exists():
+        raise QuantkitError(f"{path}: slice file not found")
+    items = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise QuantkitError(f"{path}:{n}: not JSON ({e.msg})") from None
+            item.setdefault("id", f"{path.stem}-{n}")
+            _check_item(item, f"{path}:{n}")
+            items.append(item)
+    name = name or path.stem
+    return Slice(name, items, public=public, long_context=name.startswith("long-"), source=str(path))
+
+
+def load_suite(suite: str | list[str] = "default", root: Path | None = None) -> list[Slice]:
+    """Slices by name ("default", a comma list of names, or a folder of .jsonl files).
+
+    >>> [s.name for s in load_suite("numbers-en,long-en")]
+    ['numbers-en', 'long-en']
+    """
+    root = Path(root) if root else eval_dir() / "slices"
+    if isinstance(suite, str) and Path(suite).is_dir():
+        return [read_slice(p) for p in sorted(Path(suite).glob("*.jsonl"))]
+    names = list(DEFAULT_SUITE) if suite == "default" else (
+        [s.strip() for s in suite.split(",") if s.strip()] if isinstance(suite, str) else list(suite))
+    out = []
+    for name in names:
+        path = root / f"{name}.jsonl"
+        if not path.exists():
+            known = sorted(p.stem for p in root.glob("*.jsonl"))
+            raise QuantkitError(f"--suite: unknown slice {name!r} (known: {', '.join(known)})")
+        out.append(read_slice(path, name))
+    return out
+
+
+def business_slices(log: str | Path, max_per_task: int = 16) -> list[Slice]:
+    """Private slices from the user's own log (JSONL: ``text`` or ``prompt``/``response``,
+    optional ``task``/``task_type``), one slice per task type."""
+    path = Path(log)
+    if not path.exists():
+        raise QuantkitError(f"{path}: calibration log not found")
+    groups: dict[str, list[dict]] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise QuantkitError(f"{path}:{n}: not JSON ({e.msg})") from None
+            text = row.get("text") or "\n".join(str(row[k]) for k in ("prompt", "response") if row.get(k))
+            if not text and isinstance(row.get("messages"), list):
+                text = "\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict))
+            if not text:
+                raise QuantkitError(f"{path}:{n}: row has no 'text', 'prompt'/'response' or 'messages'")
+            task = str(row.get("task_type") or row.get("task") or "all")
+            bucket = groups.setdefault(task, [])
+            if len(bucket) < max_per_task:
+                bucket.append({"id": f"row-{n}", "kind": "text", "text": text})
+    return [Slice(f"business:{t}", items, public=False, source=str(path))
+            for t, items in sorted(groups.items())]

@@ -1,0 +1,99 @@
+"""Streaming, atomic writer for a sharded safetensors checkpoint folder.
+
+Tensors are added as each layer finishes and flushed into shards of bounded size, so the
+writer never holds more than one shard. Everything goes into a temporary folder beside the
+destination; ``commit`` renames it into place only when the checkpoint is complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..errors import QuantkitError
+
+
+def prepare_output(out: Path, overwrite: bool) -> None:
+    """Fail before any work when the destination exists and may not be replaced."""
+    if out.exists() and not overwrite:
+        raise QuantkitError(f"{out}: output folder exists (use --overwrite to replace it)")
+    if out.exists() and not out.is_dir():
+        raise QuantkitError(f"{out}: exists and is not a folder")
+
+
+class ShardWriter:
+    def __init__(self, workdir: Path | None = None, max_shard_size: int = 2 * 1024**3):
+        base = Path(workdir) if workdir is not None else None
+        if base is not None:
+            base.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=".quantkit-tmp-", dir=base))
+        self.max_shard_size = max_shard_size
+        self._pending: dict[str, torch.Tensor] = {}
+        self._pending_bytes = 0
+        self._shards: list[tuple[Path, list[str]]] = []
+        self.total_bytes = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        t = tensor.detach().to("cpu").contiguous()
+        n = t.numel() * t.element_size()
+        if self._pending and self._pending_bytes + n > self.max_shard_size:
+            self.flush()
+        self._pending[name] = t
+        self._pending_bytes += n
+        self.total_bytes += n
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        path = self.tmp / f"shard-{len(self._shards):05d}.safetensors"
+        save_file(self._pending, str(path), metadata={"format": "pt"})
+        self._shards.append((path, list(self._pending)))
+        self._pending, self._pending_bytes = {}, 0
+
+    def finalize(self) -> None:
+        """Name the shards as transformers expects and write the index when sharded."""
+        self.flush()
+        n = len(self._shards)
+        if n == 1:
+            self._shards[0][0].rename(self.tmp / "model.safetensors")
+            return
+        weight_map = {}
+        for i, (path, names) in enumerate(self._shards):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            path.rename(self.tmp / final)
+            weight_map.update({k: final for k in names})
+        index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+        (self.tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+    def write_json(self, name: str, data) -> None:
+        (self.tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    def abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def move_into_place(tmp: Path, out: Path, overwrite: bool) -> Path:
+    """Rename a finished folder to ``out`` (replacing it only with ``overwrite``)."""
+    out = Path(out)
+    prepare_output(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staged = tmp
+    if os.stat(tmp).st_dev != os.stat(out.parent).st_dev:
+        staged = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        shutil.rmtree(staged)
+        shutil.copytree(tmp, staged)
+        shutil.rmtree(tmp, ignore_errors=True)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.replace(out, old)
+    os.replace(staged, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out

@@ -1,0 +1,100 @@
+"""Torch reference backends: the numerics every other backend is tested against.
+
+Weight-only formats dequantize the packed weight (``(q - zp) * scale``, as the checkpoint
+defines it) and run a dense matmul. W8A8 formats quantize the activations exactly as a
+serving kernel would (per token dynamically, or with the static per-tensor scale) and
+multiply codes: int8 x int8 accumulated in int32, fp8 x fp8 accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..formats.packing import unpack_int32
+from ..primitives import FP8_DTYPE, FP8_MAX, dequantize
+from . import register_backend
+
+
+def dequantized_weight(layer) -> torch.Tensor:
+    """The layer's weight as floats, decoded from its packed tensors (cached per layer)."""
+    cached = layer._cache.get("w")
+    if cached is not None:
+        return cached
+    args = layer.scheme.weights
+    if layer.format == "pack-quantized":
+        shape = (layer.out_features, layer.in_features)
+        q = unpack_int32(layer.weight_packed, layer.num_bits, shape, dim=1)
+        zp = None
+        if layer.weight_zero_point is not None:
+            zp = unpack_int32(layer.weight_zero_point, layer.num_bits, (layer.out_features, layer.weight_scale.shape[-1]), dim=0)
+    else:
+        q, zp = layer.weight, layer.weight_zero_point
+    w = dequantize(q, layer.weight_scale, zp, args, layer.weight_g_idx)
+    if getattr(layer, "cache_dequantized", True):
+        layer._cache["w"] = w
+    return w
+
+
+@register_backend("pack-quantized", "torch")
+def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    w = dequantized_weight(layer).to(x.dtype)
+    return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
+
+
+def _act_codes(x2: torch.Tensor, layer, float_type: bool):
+    """Per-token (dynamic) or per-tensor (static) symmetric activation codes and scales."""
+    limit = FP8_MAX if float_type else 127.5
+    if layer.input_scale is not None:
+        scale = layer.input_scale.float().reshape(1, 1)
+    else:
+        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / limit).clamp_min(1e-12)
+    v = x2.float() / scale
+    if float_type:
+        return v.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    return torch.round(v).clamp(-128, 127).to(torch.int8), scale
+
+
+def _weight_scale_row(layer) -> torch.Tensor:
+    s = layer.weight_scale.float()
+    return s.reshape(1, -1) if s.numel() > 1 else s.reshape(1, 1)
+
+
+@register_backend("int-quantized", "torch")
+def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    xq, xs = _act_codes(x2, layer, float_type=False)
+    if layer.input_scale is None and layer.scheme.input_activations is None:
+        raise ValueError("int-quantized layer without activation quantization")
+    acc = _int_matmul(xq, layer.weight)
+    y = acc.float() * xs * _weight_scale_row(layer)
+    if layer.bias is not None:
+        y = y + layer.bias.float()
+    return y.to(x.dtype).reshape(*shape[:-1], layer.out_features)
+
+
+def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """int8 [M, K] x int8 [N, K]^T -> int32 [M, N], exact."""
+    try:
+        return torch._int_mm(a, b.t())
+    except RuntimeError:
+        # Exact in float64 for any realistic K (|sum| < 2^53).
+        return (a.double() @ b.double().t()).to(torch.int32)
+
+
+@register_backend("float-quantized", "torch")
+def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if layer.scheme.input_activations is None:  # FP8 weight-only
+        w = dequantized_weight(layer).to(x.dtype)
+        return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
+    xq, xs = _act_codes(x2, layer, float_type=True)
+    wf = layer._cache.get("wf")
+    if wf is None:
+        wf = layer._cache["wf"] = layer.weight.float()
+    y = (xq.float() @ wf.t()) * xs * _weight_scale_row(layer)
+    if layer.bias is not None:
+        y = y + layer.bias.float()
+    return y.to(x.dtype).reshape(*shape[:-1], layer.out_features)

@@ -1,0 +1,293 @@
+"""The layer-by-layer runner: capture inputs, onload, quantize, propagate, pack, write, free.
+
+Memory stays flat in model depth: only the embeddings, one decoder layer and the captured
+hidden states of the calibration set are resident at any time; every other weight is read
+from the safetensors shards when its layer comes up and dropped when the layer is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from .algorithms import LayerContext, QuantizedWeight, build_algorithm
+from .arch import ArchSpec, arch_for
+from .errors import QuantkitError
+from .formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from .formats.writer import ShardWriter
+from .primitives import calculate_qparams, dequantize
+from .recipe import Recipe
+from .scheme import QuantScheme
+
+
+@dataclass
+class PipelineResult:
+    path: Path
+    bytes_before: int
+    bytes_after: int
+    seconds: float
+    peak_rss_bytes: int
+    num_quantized: int
+    num_layers: int
+    module_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / max(self.bytes_after, 1)
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _get(root: nn.Module, path: str) -> nn.Module:
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)
+    return m
+
+
+def build_skeleton(config) -> nn.Module:
+    """The model with parameters on the meta device and real (computed) buffers."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=_config_dtype(config))
+    return model.eval()
+
+
+def _config_dtype(config) -> torch.dtype:
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(d, str):
+        d = getattr(torch, d)
+    return d
+
+
+def _materialize(module: nn.Module, prefix: str, source, device: str = "cpu") -> None:
+    """Load a module's parameters (those stored in the checkpoint) from the source."""
+    state = {}
+    for name, p in module.named_parameters(recurse=True):
+        state[name] = source.get(f"{prefix}{name}").to(device=device, dtype=p.dtype)
+    for name, b in module.named_buffers(recurse=True):
+        key = f"{prefix}{name}"
+        if key in source:
+            state[name] = source.get(key).to(device)
+    module.load_state_dict(state, strict=False, assign=True)
+
+
+def _dematerialize(module: nn.Module) -> None:
+    for name, p in list(module.named_parameters(recurse=True)):
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        leaf = name.rsplit(".", 1)[-1]
+        setattr(owner, leaf, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
+
+
+class _Recorder(nn.Module):
+    """Stands in for a decoder layer while capturing: records its call, passes input through."""
+
+    def __init__(self, layer: nn.Module, calls: list):
+        super().__init__()
+        self.calls = calls
+        for attr in ("attention_type", "is_sliding", "sliding_window", "layer_idx"):
+            if hasattr(layer, attr):
+                setattr(self, attr, getattr(layer, attr))
+
+    def forward(self, hidden_states, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        return hidden_states
+
+
+def _layer_output(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def capture_inputs(model: nn.Module, layers_path: str, samples: list[list[int]], device: str):
+    """Hidden states entering layer 0 and each layer's call arguments, per sample."""
+    layers = _get(model, layers_path)
+    originals = list(layers)
+    calls: list[list] = [[] for _ in originals]
+    for i, layer in enumerate(originals):
+        layers[i] = _Recorder(layer, calls[i])
+    base = _get(model, layers_path.rsplit(".", 1)[0])
+    hidden = []
+    hook = layers[0].register_forward_pre_hook(lambda m, a, kw: hidden.append(a[0] if a else kw["hidden_states"]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for ids in samples:
+                base(input_ids=torch.tensor([ids], device=device), use_cache=False)
+    finally:
+        hook.remove()
+        for i, layer in enumerate(originals):
+            layers[i] = layer
+    per_layer_kwargs = [[kw for _, kw in c] for c in calls]
+    per_layer_args = [[a for a, _ in c] for c in calls]
+    return hidden, per_layer_args, per_layer_kwargs
+
+
+def _targets(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, QuantScheme]]:
+    out = {}
+    for name, m in layer.named_modules():
+        if isinstance(m, nn.Linear):
+            s = scheme_for(f"{prefix}{name}", "Linear", recipe.groups, list(recipe.ignore))
+            if s is not None:
+                out[name] = (m, s)
+    return out
+
+
+def _check_widths(model: nn.Module, layers_path: str, recipe: Recipe) -> None:
+    layers = _get(model, layers_path)
+    for i, layer in enumerate(layers):
+        prefix = f"{layers_path}.{i}."
+        for name, (m, s) in _targets(layer, prefix, recipe).items():
+            group = next(g for g, sc in recipe.groups.items() if sc is s)
+            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({prefix}{name})")
+
+
+def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None, writer: ShardWriter,
+                 device: str = "cpu", progress: Callable[[Iterable, int], Iterable] | None = None,
+                 log: Callable[[str], None] | None = None) -> PipelineResult:
+    """Quantize the model described by ``config`` whose tensors come from ``source``."""
+    t0 = time.time()
+    arch_name, spec = arch_for(config)
+    model = build_skeleton(config)
+    layers = _get(model, spec.layers)
+    _check_widths(model, spec.layers, recipe)
+    algorithm = build_algorithm(recipe.algorithm, recipe.algorithm_options)
+    needs_data = recipe.needs_calibration
+    if needs_data and not samples:
+        raise QuantkitError("calibration: this recipe needs calibration data (algorithm or static activations)")
+
+    # Non-layer tensors (embeddings, final norm, lm_head): copied unchanged.
+    layer_prefix = spec.layers + "."
+    outer = [k for k in source.keys() if not k.startswith(layer_prefix)]
+    for k in outer:
+        writer.add(k, source.get(k))
+    hidden = args_per_layer = kwargs_per_layer = None
+    if needs_data:
+        outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
+        state = {n: source.get(n) for n in outer_modules if n in source}
+        model.load_state_dict(state, strict=False, assign=True)
+        if getattr(config, "tie_word_embeddings", False):
+            model.tie_weights()
+        hidden, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, samples, device)
+    stats: dict[str, dict[str, Any]] = {}
+    groups_used: dict[str, QuantScheme] = {}
+    formats: dict[str, int] = {}
+    num_tokens = sum(len(s) for s in samples) if samples else 0
+    iterator = range(len(layers))
+    if progress is not None:
+        iterator = progress(iterator, len(layers))
+    for i in iterator:
+        layer = layers[i]
+        prefix = f"{spec.layers}.{i}."
+        _materialize(layer, prefix, source, device)
+        targets = _targets(layer, prefix, recipe)
+        for _, (_, s) in targets.items():
+            for g, sc in recipe.groups.items():
+                if sc is s:
+                    groups_used[g] = s
+        observed: dict[str, torch.Tensor] = {}
+
+        def run_layer(collect: list | None = None, _layer=layer, _i=i):
+            with torch.no_grad():
+                for j, h in enumerate(hidden):
+                    out = _layer_output(_layer(h, *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
+                    if collect is not None:
+                        collect.append(out)
+
+        subgroups = [[n for n in sg if n in targets] for sg in spec.subgroups]
+        subgroups = [sg for sg in subgroups if sg]
+        leftover = [n for n in targets if not any(n in sg for sg in subgroups)]
+        if leftover:
+            subgroups.append(leftover)
+        ctx = LayerContext(i, prefix[:-1], layer, targets, subgroups,
+                           run=(lambda: run_layer()) if needs_data else _no_data,
+                           num_samples=len(samples or []), num_tokens=num_tokens)
+        results = algorithm.quantize_layer(ctx)
+        missing = set(targets) - set(results)
+        if missing:
+            raise RuntimeError(f"{recipe.algorithm} returned no result for {sorted(missing)}")
+        # Write the quantized weights back so this layer's outputs (next layer's inputs) are
+        # those of the quantized model.
+        for name, (m, s) in targets.items():
+            r = results[name]
+            m.weight.data = dequantize(r.q, r.scale, r.zero_point, s.weights, r.g_idx, m.weight.dtype)
+        hooks = []
+        for name, (m, s) in targets.items():
+            a = s.input_activations
+            if a is not None and not a.dynamic:
+                def observe(mod, inp, _name=name):
+                    v = inp[0].detach().abs().amax().float()
+                    observed[_name] = torch.maximum(observed.get(_name, v), v)
+                hooks.append(m.register_forward_pre_hook(observe))
+        if needs_data:
+            new_hidden: list = []
+            try:
+                run_layer(new_hidden)
+            finally:
+                for h in hooks:
+                    h.remove()
+            hidden = new_hidden
+        # Pack and write every tensor of the layer.
+        written = set()
+        for name, (m, s) in targets.items():
+            r = results[name]
+            input_scale = None
+            if name in observed:
+                amax = observed[name].reshape(1)
+                input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
+            tensors = compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale)
+            for k, t in tensors.items():
+                writer.add(f"{prefix}{name}.{k}", t)
+            written.update({f"{name}.weight", f"{name}.bias"})
+            stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
+            formats[s.format] = formats.get(s.format, 0) + 1
+        for pname, p in layer.named_parameters():
+            if pname not in written:
+                writer.add(f"{prefix}{pname}", source.get(f"{prefix}{pname}"))
+        _dematerialize(layer)
+        del results, targets, ctx
+        gc.collect()
+
+    ignore = _ignored_linears(model, recipe)
+    qc = quantization_config(groups_used or recipe.groups, ignore)
+    cfg = config.to_dict()
+    cfg["quantization_config"] = qc
+    writer.write_json("config.json", cfg)
+    writer.write_json("quantization_log.json", {
+        "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": arch_name,
+        "calibration": {"num_samples": len(samples or []), "num_tokens": num_tokens},
+        "modules": stats,
+    })
+    writer.finalize()
+    return PipelineResult(writer.tmp, source.nbytes(), writer.total_bytes, time.time() - t0,
+                          peak_rss_bytes(), len(stats), len(layers), stats, formats)
+
+
+def _no_data() -> None:
+    raise QuantkitError("calibration: this algorithm ran the layer but no calibration data was captured")
+
+
+def _ignored_linears(model: nn.Module, recipe: Recipe) -> list[str]:
+    names = []
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and scheme_for(name, "Linear", recipe.groups, list(recipe.ignore)) is None:
+            names.append(name)
+    return names
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

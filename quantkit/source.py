@@ -1,0 +1,151 @@
+"""Where a model's weights come from: a Hugging Face folder of safetensors, read lazily.
+
+Only headers are read up front (so a corrupt or truncated shard fails before any work);
+tensors are read one at a time when the pipeline onloads the layer that owns them.
+Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+
+from .errors import QuantkitError
+
+
+class SafetensorsSource:
+    """Lazy tensor reader over the ``*.safetensors`` files of a model folder."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise QuantkitError(f"{self.folder}: model folder not found")
+        if not (self.folder / "config.json").exists():
+            raise QuantkitError(f"{self.folder / 'config.json'}: not found (is this a Hugging Face model folder?)")
+        files = self._shard_files()
+        self._where: dict[str, Path] = {}
+        self._handles: dict[Path, object] = {}
+        for f in files:
+            for name in self._keys(f):
+                self._where[name] = f
+
+    def _shard_files(self) -> list[Path]:
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+                raise QuantkitError(f"{index}: not a valid safetensors index ({type(e).__name__})") from None
+            files = sorted({self.folder / v for v in weight_map.values()})
+            for f in files:
+                if not f.exists():
+                    raise QuantkitError(f"{f}: shard listed in {index.name} is missing")
+            return files
+        files = sorted(self.folder.glob("*.safetensors"))
+        if files:
+            return files
+        pickled = sorted(p.name for p in self.folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if pickled:
+            raise QuantkitError(
+                f"{self.folder / pickled[0]}: pickle checkpoints are not loaded (unsafe); convert the model to safetensors"
+            )
+        raise QuantkitError(f"{self.folder}: no *.safetensors weights found")
+
+    @staticmethod
+    def _keys(f: Path) -> list[str]:
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                header_len = int.from_bytes(fh.read(8), "little")
+                if size < 8 or header_len <= 0 or 8 + header_len > size:
+                    raise ValueError("header runs past the end of the file")
+                header = json.loads(fh.read(header_len))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if 8 + header_len + end != size:
+                raise ValueError(f"file is {size} bytes, header describes {8 + header_len + end}")
+            with safe_open(f, framework="pt") as h:
+                return list(h.keys())
+        except QuantkitError:
+            raise
+        except Exception as e:  # safetensors raises its own error types
+            raise QuantkitError(f"{f}: not a valid safetensors file, truncated or corrupt ({e})") from None
+
+    def keys(self) -> Iterable[str]:
+        return self._where.keys()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise QuantkitError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
+        h = self._handles.get(f)
+        if h is None:
+            h = self._handles[f] = safe_open(f, framework="pt")
+        try:
+            return h.get_tensor(name)
+        except Exception as e:
+            raise QuantkitError(f"{f}: cannot read tensor '{name}' ({e})") from None
+
+    def nbytes(self, names: Iterable[str] | None = None) -> int:
+        total = 0
+        for f in sorted(set(self._where.values())):
+            with open(f, "rb") as fh:
+                header_len = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(header_len))
+            for k, v in header.items():
+                if k != "__metadata__" and (names is None or k in names):
+                    total += v["data_offsets"][1] - v["data_offsets"][0]
+        return total
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+class StateDictSource:
+    """The same interface over an in-memory model's state dict (the Python API's path)."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor], folder: Path | None = None):
+        self._sd = state_dict
+        self.folder = folder
+
+    def keys(self):
+        return self._sd.keys()
+
+    def __contains__(self, name):
+        return name in self._sd
+
+    def get(self, name):
+        if name not in self._sd:
+            raise QuantkitError(f"model: tensor '{name}' is missing from the state dict")
+        return self._sd[name].detach()
+
+    def nbytes(self, names=None):
+        return sum(t.numel() * t.element_size() for k, t in self._sd.items() if names is None or k in names)
+
+    def close(self):
+        pass
+
+
+def copy_side_files(src: Path | None, dst: Path) -> list[str]:
+    """Copy tokenizer, chat template and generation config next to the weights."""
+    if src is None:
+        return []
+    copied = []
+    for p in sorted(src.iterdir()):
+        if p.is_file() and (
+            p.name.startswith("tokenizer") or p.name in (
+                "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
+                "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
+            )
+        ):
+            with open(p, "rb") as fi, open(dst / p.name, "wb") as fo:
+                fo.write(fi.read())
+            copied.append(p.name)
+    return copied
