@@ -60,4 +60,14 @@ def _ensure_loaded() -> None:
 
 def _load_triton() -> None:
     # ---- triton backends (kernels issue): import guarded so the torch path never breaks ----
-    pass
+    try:
+        from . import fp8_gemm, int4_gemm, int8_gemm
+    except Exception as exc:  # no triton, or a broken install: the torch reference still serves
+        import logging
+
+        logging.getLogger("quantkit").info("triton backends unavailable: %s", exc)
+        return
+    register_backend("pack-quantized", "triton")(int4_gemm.w4a16_linear)
+    register_backend("int-quantized", "triton")(int8_gemm.int8_linear)
+    register_backend("float-quantized", "triton")(fp8_gemm.fp8_linear)
+    # ---- end of the triton block ----

@@ -86,6 +86,7 @@ def quantize_activations(x: torch.Tensor, kind: str, input_scale: torch.Tensor |
         raise ValueError(f"x: expected a 2-D float tensor [M, K], got {x.dtype} {list(x.shape)}")
     if x.stride(-1) != 1:
         x = x.contiguous()
+    check_runnable(x, _act_quant_kernel)
     m, k = x.shape
     int8 = kind == "int8"
     codes = torch.empty((m, k), dtype=torch.int8 if int8 else torch.float8_e4m3fn, device=x.device)
@@ -117,7 +118,18 @@ def quantize_activations_reference(x: torch.Tensor, kind: str, input_scale: torc
     return v.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 
 
-# -- shared by the W8A8 wrappers ------------------------------------------------------------
+# -- shared by the wrappers -------------------------------------------------------------------
+def check_runnable(x: torch.Tensor, kernel) -> None:
+    """CPU tensors run only in the interpreter, which is chosen when ``@triton.jit`` runs."""
+    if x.is_cuda:
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(kernel, InterpretedFunction):
+        raise ValueError(f"x: on {x.device}, but the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 "
+                         "set before quantkit.kernels is first imported (use backend='torch' on the CPU)")
+
+
 def check_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, weight_dtype: torch.dtype,
                bias: torch.Tensor | None) -> torch.Tensor:
     """Check shapes and dtypes; return the weight scale as fp32 ``[1]`` or ``[N]``."""

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import FP8_MAX, activation_codes, check_w8a8, quantize_activations_reference
+from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, quantize_activations_reference
 
 # -- configs ------------------------------------------------------------------------------
 _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
@@ -97,6 +97,7 @@ def scaled_gemm(kernel, tuned, interpret_config, a: torch.Tensor, weight: torch.
                 sw: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, compute_f32: bool,
                 config: dict | None) -> torch.Tensor:
     """Launch a W8A8 kernel on 2-D ``a`` (codes, or floats for weight-only) -> ``[M, N]``."""
+    check_runnable(a, kernel)
     m, k = a.shape
     n = weight.shape[0]
     interpreted = not a.is_cuda
@@ -185,6 +186,8 @@ def fp8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
 # -- QuantLinear backend ------------------------------------------------------------------
 def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     """Backend ``("float-quantized", "triton")``: ``fn(x, layer) -> Tensor``."""
+    if getattr(layer, "weight_zero_point", None) is not None:
+        raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
     dynamic = bool(getattr(layer, "input_dynamic", False))
     input_scale = getattr(layer, "input_scale", None)
     return fp8_gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,

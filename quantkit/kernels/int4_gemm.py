@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .act_quant import check_runnable
+
 # -- configs ------------------------------------------------------------------------------
 DECODE_MAX_M = 16
 _DECODE = [  # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
@@ -236,11 +238,11 @@ def _launch_params(x: torch.Tensor) -> tuple[torch.dtype, bool]:
 
 
 def w4a16_gemm(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None = None,
-               config: dict | None = None) -> torch.Tensor:
+               config: dict | None = None, autotune: bool | None = None) -> torch.Tensor:
     """``x @ dequant(W).T (+ bias)`` for ``x`` ``[..., K]`` in fp16/bf16/fp32; returns x's dtype.
 
-    ``config`` pins the launch (a dict like ``INTERPRET_DECODE``); otherwise CUDA autotunes
-    and CPU tensors (``TRITON_INTERPRET=1``) use the fixed interpreter configs.
+    ``config`` pins the launch (a dict like ``INTERPRET_DECODE``). Otherwise the autotuned
+    kernels run (the default on CUDA) or, under the interpreter, the fixed interpreter configs.
     """
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"x: expected float16, bfloat16 or float32 activations, got {x.dtype}")
@@ -250,6 +252,7 @@ def w4a16_gemm(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None = None,
         raise ValueError(f"x: on {x.device} but weight_packed is on {w.qweight.device}")
     if bias is not None and tuple(bias.shape) != (w.out_features,):
         raise ValueError(f"bias: expected [{w.out_features}], got {list(bias.shape)}")
+    check_runnable(x, _w4a16_kernel)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)
     if x2.stride(-1) != 1:
@@ -257,7 +260,7 @@ def w4a16_gemm(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None = None,
     m, n, k = x2.shape[0], w.out_features, w.in_features
     out_dtype, compute_f32 = _launch_params(x)
     decode = m <= DECODE_MAX_M
-    if config is None and not x.is_cuda:
+    if config is None and not (x.is_cuda if autotune is None else autotune):
         config = INTERPRET_DECODE if decode else INTERPRET_PREFILL
     split = config["SPLIT_K"] if config is not None else None
     atomic = decode if config is None else split > 1
@@ -333,16 +336,17 @@ def w4a16_reference(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: 
 
 # -- QuantLinear backend ------------------------------------------------------------------
 def _layer_weights(layer) -> W4Weights:
-    """The layer's repacked weights, made once and cached on the layer (keyed by storage)."""
+    """The layer's repacked weights, made once and kept in ``layer._cache`` (keyed by storage,
+    so moving or reloading the layer's tensors repacks)."""
     key = (layer.weight_packed.data_ptr(), layer.weight_packed.device, layer.weight_scale.data_ptr())
-    cached = getattr(layer, "_triton_w4", None)
+    cache = layer.__dict__.setdefault("_cache", {})
+    cached = cache.get("triton_w4")
     if cached is not None and cached[0] == key:
         return cached[1]
+    shape = layer.weight_shape.tolist() if torch.is_tensor(layer.weight_shape) else layer.weight_shape
     w = repack(layer.weight_packed, layer.weight_scale, getattr(layer, "weight_zero_point", None),
-               getattr(layer, "weight_g_idx", None), layer.weight_shape.tolist()
-               if torch.is_tensor(layer.weight_shape) else layer.weight_shape,
-               num_bits=layer.num_bits, group_size=layer.group_size)
-    object.__setattr__(layer, "_triton_w4", (key, w))
+               getattr(layer, "weight_g_idx", None), shape, num_bits=layer.num_bits, group_size=layer.group_size)
+    cache["triton_w4"] = (key, w)
     return w
 
 

@@ -141,6 +141,8 @@ def int8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
 # -- QuantLinear backend ------------------------------------------------------------------
 def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     """Backend ``("int-quantized", "triton")``: ``fn(x, layer) -> Tensor``."""
+    if getattr(layer, "weight_zero_point", None) is not None:
+        raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
     dynamic = bool(getattr(layer, "input_dynamic", False))
     input_scale = getattr(layer, "input_scale", None)
     return int8_gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,
