@@ -1,0 +1,156 @@
+"""``evaluate(baseline, candidate, tokenizer)``: every measure of every slice, the verdict,
+and an ``EvalResult`` that saves report.md / report.html / report.json.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .forced import encode_text, run_forced
+from .generation import generation_agreement
+from .models import pad_id
+from .slices import Slice, SuiteOptions, business_slices, load_suite
+from .tasks import code_pass, extraction, mc_summary, multiple_choice
+from .verdict import GO, Thresholds, Verdict, decide
+
+HIDDEN = "[business text hidden: pass --show-samples to include it]"
+
+
+@dataclass
+class EvalResult:
+    """Everything a report shows. ``to_json()`` is the single source of the numbers."""
+    meta: dict
+    slices: dict[str, dict]                      # slice -> measure -> value
+    buckets: dict[str, list[dict]]               # long slices: KL by position bucket
+    examples: dict[str, list[dict]]              # worst examples of the slices that are not GO
+    verdict: Verdict
+    thresholds: Thresholds
+    footprint: dict | None = None
+    module_errors: dict[str, float] | None = None
+    public: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def decision(self) -> str:
+        return self.verdict.decision
+
+    def to_json(self) -> dict:
+        from .report import to_json
+        return to_json(self)
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write report.json, report.md and report.html into ``out_dir`` (atomically)."""
+        from .report import save
+        return save(self, Path(out_dir))
+
+
+def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: int = 3) -> list[dict]:
+    ranked = sorted(zip(encoded, forced.items), key=lambda p: -(p[1].kl_sum / max(p[1].tokens, 1)))[:k]
+    out = []
+    for e, st in ranked:
+        if st.worst_pos < 0:
+            continue
+        ex = {"id": e.item_id, "kl_mean": st.kl_sum / max(st.tokens, 1), "worst_token_kl": st.worst_kl,
+              "position": st.worst_pos}
+        if sl.public or show:
+            ex["context"] = tokenizer.decode(e.ids[max(0, st.worst_pos - 24):st.worst_pos])
+            ex["token"] = tokenizer.decode(e.ids[st.worst_pos:st.worst_pos + 1])
+        else:
+            ex["context"] = HIDDEN
+        out.append(ex)
+    return out
+
+
+def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar) -> tuple[dict, list, list]:
+    pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
+    cap = (lambda xs: xs[:opt.max_items]) if opt.max_items else (lambda xs: xs)
+    values, buckets, examples = {}, [], []
+    texts = cap(sl.of_kind("text"))
+    if texts:
+        limit = max_len if sl.long_context else min(opt.item_tokens, max_len)
+        encoded = [encode_text(tokenizer, it, limit) for it in texts]
+        forced = run_forced(base, cand, encoded, max_len, pad, opt.batch_tokens, bucket_positions=sl.long_context)
+        values.update(forced.summary())
+        buckets = forced.buckets
+        examples += _worst_text_examples(sl, encoded, forced, tokenizer, show)
+        if not sl.long_context and opt.gen_prompts:
+            prompts = [e.ids[:opt.prompt_tokens] for e in encoded if len(e.ids) >= opt.prompt_tokens + 8]
+            gen = generation_agreement(base, cand, prompts[:opt.gen_prompts], opt.gen_tokens, pad, eos, opt.gen_batch)
+            if gen["gen_agreement"] is not None:
+                values["gen_agreement"] = gen["gen_agreement"]
+                worst = min(gen["examples"], key=lambda x: x["agreement"])
+                if worst["agreement"] < 1.0:
+                    examples.append({"id": "generation", "agreement": worst["agreement"],
+                                     **({"prompt": tokenizer.decode(worst["prompt"]),
+                                         "baseline": tokenizer.decode(worst["base"]),
+                                         "candidate": tokenizer.decode(worst["cand"])}
+                                        if sl.public or show else {"prompt": HIDDEN})})
+    bar.update(1)
+    mcs = cap(sl.of_kind("mc"))
+    if mcs:
+        s = mc_summary(mcs, multiple_choice(base, tokenizer, mcs, pad), multiple_choice(cand, tokenizer, mcs, pad))
+        s["mc_accuracy_drop"] = s["mc_accuracy_base"] - s["mc_accuracy_cand"]
+        values.update(s)
+    ext = cap(sl.of_kind("extract"))
+    if ext:
+        rb = extraction(base, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
+        rc = extraction(cand, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
+        fb, fc = (sum(r["f1"] for r in rs) / len(rs) for rs in (rb, rc))
+        values.update({"extract_items": len(ext), "extract_f1_base": fb, "extract_f1_cand": fc,
+                       "extract_f1_drop": fb - fc})
+        lost = sorted(zip(ext, rb, rc), key=lambda t: t[2]["f1"] - t[1]["f1"])[:2]
+        examples += [{"id": it["id"], "f1_base": a["f1"], "f1_cand": b["f1"],
+                      **({"prompt": it["prompt"], "baseline": a["output"], "candidate": b["output"]}
+                         if sl.public or show else {"prompt": HIDDEN})}
+                     for it, a, b in lost if b["f1"] < a["f1"]]
+    code = cap(sl.of_kind("code"))
+    if code:
+        rb = code_pass(base, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)
+        rc = code_pass(cand, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)
+        pb, pc = (sum(r["passed"] for r in rs) / len(rs) for rs in (rb, rc))
+        values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc,
+                       "code_pass_drop": pb - pc})
+        examples += [{"id": a["id"], "baseline_status": a["status"], "candidate_status": b["status"],
+                      "candidate": b["completion"]} for a, b in zip(rb, rc) if a["passed"] and not b["passed"]][:2]
+    return values, buckets, examples
+
+
+def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice] = "default",
+             max_len: int = 4096, thresholds: dict | Thresholds | None = None,
+             options: SuiteOptions | None = None, calibration_log: str | Path | None = None,
+             show_samples: bool = False, footprint: dict | None = None,
+             module_errors: dict[str, float] | None = None, progress: bool = True,
+             meta: dict | None = None) -> EvalResult:
+    """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
+
+    >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
+    >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
+    ('GO', PosixPath('ckpt/eval'))
+    """
+    opt = options or SuiteOptions()
+    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
+    slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
+    if calibration_log:
+        slices = slices + business_slices(calibration_log)
+    for m in (baseline, candidate):
+        m.eval()
+    t0 = time.perf_counter()
+    values, buckets, examples, seconds = {}, {}, {}, {}
+    with tqdm(total=len(slices) * 2, desc="eval", disable=not progress, unit="step") as bar:
+        for sl in slices:
+            bar.set_postfix_str(sl.name)
+            ts = time.perf_counter()
+            values[sl.name], b, examples[sl.name] = _measure_slice(sl, baseline, candidate, tokenizer, max_len,
+                                                                     opt, show_samples, bar)
+            if b:
+                buckets[sl.name] = b
+            seconds[sl.name] = time.perf_counter() - ts
+            bar.update(1)
+    verdict = decide(values, th)
+    examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
+    info = {"max_len": max_len, "suite": [s.name for s in slices], "seconds_total": time.perf_counter() - t0,
+            "seconds_per_slice": seconds, "show_samples": show_samples, **(meta or {})}
+    return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
+                      {s.name: s.public for s in slices})

@@ -1,0 +1,192 @@
+"""Deployment footprint: weight bytes before/after quantization, KV-cache bytes per token,
+and how many requests of a given context fit in a GPU's memory.
+
+KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+Weight bytes = parameters x bits / 8, before scale and zero-point overhead (reported
+separately for grouped schemes: one 16-bit scale, plus a zero point when asymmetric, per
+group of ``group_size`` weights).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import QuantkitError
+
+BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
+        "fp8": 8, "float8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2}
+UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
+GiB = 2**30
+
+
+def parse_bytes(text: str | int, where: str = "--gpu-mem") -> int:
+    """'80GiB' -> 85899345920; '80GB' -> 80e9.
+
+    >>> parse_bytes("80GiB") == 80 * 2**30, parse_bytes("1.5 GB")
+    (True, 1500000000)
+    """
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in UNITS:
+        raise QuantkitError(f"{where}: cannot read {text!r} as a size (e.g. 80GiB, 24GB)")
+    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+
+
+def bits_of(name: str, where: str) -> int:
+    if name not in BITS:
+        raise QuantkitError(f"{where}: unknown type {name!r} (one of {', '.join(BITS)})")
+    return BITS[name]
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem: float) -> int:
+    """Bytes of K and V for one token across all layers.
+
+    >>> kv_bytes_per_token(32, 8, 128, 2)  # a Llama-3-8B-like model, FP16 KV: 128 KiB
+    131072
+    """
+    return int(2 * layers * kv_heads * head_dim * bytes_per_elem)
+
+
+def weight_bytes(params: int, bits: float) -> int:
+    """Weight bytes at ``bits`` per parameter.
+
+    >>> weight_bytes(70 * 10**9, 4)  # 35 GB = 32.6 GiB
+    35000000000
+    """
+    return int(params * bits / 8)
+
+
+@dataclass
+class Shape:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    params_total: int
+    params_quantizable: int     # the decoder layers' Linear weights
+    dtype: str
+
+
+def shape_from_config(cfg: dict) -> Shape:
+    """Model shape from a HF config dict (Llama-style decoders, incl. text_config wrappers)."""
+    cfg = cfg.get("text_config", cfg)
+    try:
+        hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
+        heads = cfg["num_attention_heads"]
+        vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
+    except KeyError as e:
+        raise QuantkitError(f"config.json: missing key {e.args[0]!r}") from None
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or hidden // heads
+    attn = hidden * heads * hd * 2 + hidden * kv * hd * 2
+    mlp = 3 * hidden * inter
+    quantizable = layers * (attn + mlp)
+    embed = vocab * hidden * (1 if cfg.get("tie_word_embeddings", False) else 2)
+    norms = layers * 2 * hidden + hidden
+    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
+    return Shape(layers, kv, hd, quantizable + embed + norms, quantizable, dtype)
+
+
+def _safetensors_numels(folder: Path) -> tuple[int, int] | None:
+    """(total, decoder-layer 2-D weights) parameter counts read from safetensors headers."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = quant = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            if not name.endswith(".weight") or "weight_packed" in name:
+                return None  # a packed checkpoint: count from config instead
+            numel = math.prod(meta["shape"])
+            total += numel
+            if ".layers." in name and len(meta["shape"]) == 2:
+                quant += numel
+    return total, quant
+
+
+def shape_of(model: str | Path | dict) -> Shape:
+    """Shape of a model folder, a config.json file, or a config dict."""
+    if isinstance(model, dict):
+        return shape_from_config(model)
+    path = Path(model)
+    cfg_path = path / "config.json" if path.is_dir() else path
+    if not cfg_path.exists():
+        raise QuantkitError(f"{cfg_path}: no config.json")
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise QuantkitError(f"{cfg_path}: not JSON ({e.msg})") from None
+    shape = shape_from_config(cfg)
+    counted = _safetensors_numels(path) if path.is_dir() else None
+    if counted:
+        shape.params_total, shape.params_quantizable = counted
+    return shape
+
+
+@dataclass
+class Footprint:
+    layers: int
+    kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    kv_bytes_per_token: int
+    max_len: int
+    kv_bytes_per_request: int
+    params_total: int
+    params_quantizable: int
+    weights_before: str
+    weights_after: str
+    weight_bytes_before: int
+    weight_bytes_after: int
+    scale_bytes: int              # scale (+ zero point) overhead of the after-weights
+    gpu_mem_bytes: int
+    utilization: float
+    concurrency: int              # requests at max_len that fit beside the weights
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 8192,
+         weights: str | None = None, kv: str = "fp16", group_size: int | None = 128,
+         symmetric: bool = True, utilization: float = 0.9) -> Footprint:
+    """Deployment footprint of ``model`` quantized to ``weights`` with a ``kv`` KV cache.
+
+    >>> cfg = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+    ...            num_key_value_heads=8, vocab_size=128256, intermediate_size=14336)
+    >>> fp = plan(cfg, "80GiB", 8192, weights="int4", kv="fp16")
+    >>> fp.kv_bytes_per_token, fp.kv_bytes_per_request == 2**30
+    (131072, True)
+    """
+    shape = shape_of(model)
+    before = shape.dtype if shape.dtype in BITS else "bf16"
+    after = weights or before
+    b_before, b_after = bits_of(before, "weights"), bits_of(after, "--weights")
+    kv_bits = bits_of(kv, "--kv")
+    if max_len < 1:
+        raise QuantkitError(f"--max-len: must be positive, got {max_len}")
+    mem = parse_bytes(gpu_mem)
+    others = shape.params_total - shape.params_quantizable
+    wb_before = weight_bytes(shape.params_total, b_before)
+    wb_after = weight_bytes(shape.params_quantizable, b_after) + weight_bytes(others, b_before)
+    scales = 0
+    if b_after < 8 and group_size:
+        per_group = 2 + (0 if symmetric else 1)   # fp16 scale (+ int8 zero point)
+        scales = shape.params_quantizable // group_size * per_group
+    per_tok = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv_bits / 8)
+    per_req = per_tok * max_len
+    free = mem * utilization - wb_after - scales
+    conc = max(0, int(free // per_req))
+    return Footprint(shape.layers, shape.kv_heads, shape.head_dim, kv, per_tok, max_len, per_req,
+                     shape.params_total, shape.params_quantizable, before, after, wb_before, wb_after,
+                     scales, mem, utilization, conc)

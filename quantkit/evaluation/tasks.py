@@ -1,0 +1,109 @@
+"""Task metrics where a slice has labels: multiple-choice accuracy, extraction F1 and code
+pass rate, each for the baseline and the candidate on identical prompts.
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+
+from .code_exec import humaneval_program, run_program, truncate_completion
+from .models import forward_logits, greedy
+
+LETTERS = "ABCD"
+
+
+def mc_prompt(item: dict) -> str:
+    lines = [f"Question: {item['question'].strip()}"]
+    lines += [f"{LETTERS[i]}. {c}" for i, c in enumerate(item["choices"])]
+    return "\n".join(lines) + "\nAnswer:"
+
+
+def multiple_choice(model, tokenizer, items: list[dict], pad: int, batch: int = 8) -> list[int]:
+    """Predicted choice per item: the letter (" A".." D") with the highest next-token logit."""
+    letter_ids = [tokenizer.encode(" " + l, add_special_tokens=False)[-1] for l in LETTERS]
+    preds = []
+    for s in range(0, len(items), batch):
+        chunk = items[s:s + batch]
+        seqs = [tokenizer(mc_prompt(it))["input_ids"] for it in chunk]
+        logits = forward_logits(model, seqs, pad)
+        for row, seq in enumerate(seqs):
+            n = len(chunk[row]["choices"])
+            preds.append(int(logits[row, len(seq) - 1, letter_ids[:n]].argmax()))
+    return preds
+
+
+NUMBER_RE = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def normalise_numbers(text: str) -> list[str]:
+    """Numbers in text, NFKC-normalised (full-width digits -> ASCII), thousands commas dropped.
+
+    >>> normalise_numbers("１，２００元 and 3.5%")
+    ['1200', '3.5']
+    """
+    text = unicodedata.normalize("NFKC", text)
+    out = []
+    for m in NUMBER_RE.findall(text):
+        m = re.sub(r",(?=\d{3}\b)", "", m).rstrip(".,")
+        out.append(m)
+    return out
+
+
+def f1(pred: list[str], ref: list[str]) -> float:
+    """Multiset F1.
+
+    >>> f1(["1", "2"], ["2", "3"])
+    0.5
+    """
+    if not pred and not ref:
+        return 1.0
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if common == 0:
+        return 0.0
+    p, r = common / len(pred), common / len(ref)
+    return 2 * p * r / (p + r)
+
+
+def chat_ids(tokenizer, prompt: str) -> list[int]:
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                             add_generation_prompt=True, tokenize=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return tokenizer(prompt + "\n")["input_ids"]
+
+
+def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos, batch: int) -> list[dict]:
+    out = []
+    for s in range(0, len(items), batch):
+        chunk = items[s:s + batch]
+        gens = greedy(model, [chat_ids(tokenizer, it["prompt"]) for it in chunk], n_tokens, pad, eos)
+        for it, g in zip(chunk, gens):
+            text = tokenizer.decode(g, skip_special_tokens=True)
+            ref = [n for r in it["reference"] for n in normalise_numbers(str(r))]
+            out.append({"id": it["id"], "output": text, "f1": f1(normalise_numbers(text), ref)})
+    return out
+
+
+def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos, batch: int,
+              timeout_s: float) -> list[dict]:
+    out = []
+    for s in range(0, len(items), batch):
+        chunk = items[s:s + batch]
+        gens = greedy(model, [tokenizer(it["prompt"])["input_ids"] for it in chunk], n_tokens, pad, eos)
+        for it, g in zip(chunk, gens):
+            completion = tokenizer.decode(g, skip_special_tokens=True)
+            res = run_program(humaneval_program(it, completion), timeout_s=timeout_s)
+            out.append({"id": it["id"], "completion": truncate_completion(completion),
+                        "passed": res.passed, "status": res.status})
+    return out
+
+
+def mc_summary(items: list[dict], pb: list[int], pc: list[int]) -> dict:
+    n = len(items)
+    gold = [it["answer"] for it in items]
+    return {"mc_items": n,
+            "mc_accuracy_base": sum(p == g for p, g in zip(pb, gold)) / n,
+            "mc_accuracy_cand": sum(p == g for p, g in zip(pc, gold)) / n,
+            "mc_agreement": sum(a == b for a, b in zip(pb, pc)) / n}
+

@@ -1,0 +1,165 @@
+"""GO / REVIEW / NO-GO from per-slice measures and thresholds.
+
+Each measure has a REVIEW limit and (for most) a NO-GO limit. A slice is as bad as its
+worst measure; the run is as bad as its worst slice. Every breached limit becomes a
+reason naming the slice, the measure, the value and the limit.
+
+Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate):
+
+| measure               | better | REVIEW past | NO-GO past | why this level                                   |
+|-----------------------|--------|-------------|------------|--------------------------------------------------|
+| kl_mean               | lower  | 0.02        | 0.10       | 8-bit schemes stay well under 0.02 on SmolLM2     |
+| top1_agreement        | higher | 0.95        | 0.85       | 1 token in 7 changing its argmax is visible       |
+| ppl_increase          | lower  | 0.03        | 0.10       | ratio candidate/baseline - 1                      |
+| focus_kl_mean         | lower  | 0.04        | 0.20       | digits, names, brackets: looser, fewer tokens     |
+| focus_top1_agreement  | higher | 0.93        | 0.80       |                                                  |
+| kl_worst_bucket       | lower  | 0.04        | 0.20       | long slices: the worst position bucket            |
+| gen_agreement         | higher | 0.50        | 0.20       | greedy paths fork on near-ties even when fine     |
+| mc_accuracy_drop      | lower  | 0.05        | 0.15       | 48 questions: one question = 0.021               |
+| extract_f1_drop       | lower  | 0.05        | 0.15       |                                                  |
+| code_pass_drop        | lower  | 0.07        | 0.20       | 16 problems: one problem = 0.0625                 |
+
+Override from a recipe's ``eval:`` section (or ``thresholds=``)::
+
+    thresholds:
+      kl_mean: {review: 0.01, nogo: 0.05}
+      slices:
+        long-en: {kl_worst_bucket: {review: 0.08}}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..errors import QuantkitError
+
+GO, REVIEW, NOGO = "GO", "REVIEW", "NO-GO"
+RANK = {GO: 0, REVIEW: 1, NOGO: 2}
+
+
+@dataclass(frozen=True)
+class Limit:
+    review: float
+    nogo: float | None
+    higher_is_better: bool
+
+    def level(self, value: float) -> str:
+        worse = (lambda a, b: a < b) if self.higher_is_better else (lambda a, b: a > b)
+        if self.nogo is not None and worse(value, self.nogo):
+            return NOGO
+        if worse(value, self.review):
+            return REVIEW
+        return GO
+
+
+DEFAULT_LIMITS: dict[str, Limit] = {
+    "kl_mean": Limit(0.02, 0.10, False),
+    "top1_agreement": Limit(0.95, 0.85, True),
+    "ppl_increase": Limit(0.03, 0.10, False),
+    "focus_kl_mean": Limit(0.04, 0.20, False),
+    "focus_top1_agreement": Limit(0.93, 0.80, True),
+    "kl_worst_bucket": Limit(0.04, 0.20, False),
+    "gen_agreement": Limit(0.50, 0.20, True),
+    "mc_accuracy_drop": Limit(0.05, 0.15, False),
+    "extract_f1_drop": Limit(0.05, 0.15, False),
+    "code_pass_drop": Limit(0.07, 0.20, False),
+}
+
+
+@dataclass
+class Thresholds:
+    limits: dict[str, Limit] = field(default_factory=lambda: dict(DEFAULT_LIMITS))
+    per_slice: dict[str, dict[str, Limit]] = field(default_factory=dict)
+
+    def for_slice(self, name: str) -> dict[str, Limit]:
+        return {**self.limits, **self.per_slice.get(name, {})}
+
+    @classmethod
+    def from_dict(cls, d: dict | None, where: str = "eval.thresholds") -> "Thresholds":
+        """Defaults overridden by a dict (a recipe's ``eval: thresholds:``)."""
+        t = cls()
+        if not d:
+            return t
+        if not isinstance(d, dict):
+            raise QuantkitError(f"{where}: expected a mapping of measure -> {{review, nogo}}")
+        for key, value in d.items():
+            if key == "slices":
+                if not isinstance(value, dict):
+                    raise QuantkitError(f"{where}.slices: expected a mapping of slice -> measures")
+                for sname, measures in value.items():
+                    base = t.for_slice(sname)
+                    t.per_slice[sname] = {m: _override(base, m, v, f"{where}.slices.{sname}.{m}")
+                                          for m, v in (measures or {}).items()}
+            else:
+                t.limits[key] = _override(t.limits, key, value, f"{where}.{key}")
+        return t
+
+    def to_dict(self) -> dict:
+        out = {m: {"review": l.review, "nogo": l.nogo, "higher_is_better": l.higher_is_better}
+               for m, l in self.limits.items()}
+        if self.per_slice:
+            out["slices"] = {s: {m: {"review": l.review, "nogo": l.nogo} for m, l in ms.items()}
+                             for s, ms in self.per_slice.items()}
+        return out
+
+
+def _override(limits: dict[str, Limit], measure: str, value, where: str) -> Limit:
+    if measure not in limits:
+        raise QuantkitError(f"{where}: unknown measure (known: {', '.join(sorted(DEFAULT_LIMITS))})")
+    if not isinstance(value, dict) or set(value) - {"review", "nogo"}:
+        raise QuantkitError(f"{where}: expected {{review: <number>, nogo: <number or null>}}")
+    for k, v in value.items():
+        if v is not None and not isinstance(v, (int, float)):
+            raise QuantkitError(f"{where}.{k}: expected a number, got {v!r}")
+    if value.get("review", 0) is None:
+        raise QuantkitError(f"{where}.review: cannot be null")
+    return replace(limits[measure], **value)
+
+
+@dataclass(frozen=True)
+class Reason:
+    slice: str
+    measure: str
+    value: float
+    limit: float
+    level: str
+
+    def text(self) -> str:
+        op = "<" if DEFAULT_LIMITS[self.measure].higher_is_better else ">"
+        return f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}"
+
+
+@dataclass
+class Verdict:
+    decision: str
+    reasons: list[Reason]
+    slices: dict[str, str]         # slice -> its own decision
+
+    def to_dict(self) -> dict:
+        return {"decision": self.decision, "slices": self.slices,
+                "reasons": [{"slice": r.slice, "measure": r.measure, "value": r.value, "limit": r.limit,
+                             "level": r.level, "text": r.text()} for r in self.reasons]}
+
+
+def decide(measures: dict[str, dict], thresholds: Thresholds | None = None) -> Verdict:
+    """Verdict over ``{slice: {measure: value}}`` (measures without a limit are ignored).
+
+    >>> v = decide({"numbers-en": {"kl_mean": 0.3}, "code-en": {"kl_mean": 0.001}})
+    >>> v.decision, v.slices, v.reasons[0].text()
+    ('NO-GO', {'numbers-en': 'NO-GO', 'code-en': 'GO'}, 'numbers-en: kl_mean 0.3 > 0.1')
+    """
+    thresholds = thresholds or Thresholds()
+    reasons, per_slice = [], {}
+    for sname, values in measures.items():
+        level = GO
+        for m, lim in thresholds.for_slice(sname).items():
+            v = values.get(m)
+            if v is None:
+                continue
+            lv = lim.level(v)
+            if lv != GO:
+                reasons.append(Reason(sname, m, v, lim.nogo if lv == NOGO else lim.review, lv))
+                level = max(level, lv, key=RANK.get)
+        per_slice[sname] = level
+    reasons.sort(key=lambda r: -RANK[r.level])
+    decision = max(per_slice.values(), key=RANK.get, default=GO)
+    return Verdict(decision, reasons, per_slice)
