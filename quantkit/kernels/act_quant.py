@@ -38,11 +38,12 @@ def _round_to_e4m3(v):
     # next binade (127.9 becomes 64, FACTS.md); on a GPU this matches the native RNE cast.
     bits = v.to(tl.int32, bitcast=True)
     # normal range: keep 3 of 23 mantissa bits, round to nearest even on the bit pattern
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # -1048576 == ~0xFFFFF
-    normal = bits.to(tl.float32, bitcast=True)
-    # subnormal range (|v| < 2^-6): fixed step 2^-9
-    sub = _round_half_even(v * 512.0) * 0.001953125
-    return tl.where(tl.abs(v) < 0.015625, sub, normal)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)  # ~0xFFFFF
+    # subnormal range (|v| < 2^-6): fixed step 2^-9, on |v| so that the sign (and -0) survives
+    a = tl.abs(v)
+    sub = _round_half_even(a * 512.0) * 0.001953125
+    sub = tl.where(bits < 0, -sub, sub)
+    return tl.where(a < 0.015625, sub, normal)
 
 
 @triton.jit
