@@ -81,8 +81,10 @@ def _expand(t: torch.Tensor, shape: torch.Size, args: QuantArgs, g_idx: torch.Te
     """Broadcast a scale or zero point to the full tensor shape."""
     if args.strategy != "group":
         return t
-    idx = group_index(shape[-1], args, g_idx).to(t.device)
-    return t[:, idx]
+    if g_idx is None:  # contiguous groups: a broadcast view, no gather
+        out, n_groups = t.shape
+        return t.unsqueeze(-1).expand(out, n_groups, args.group_size).reshape(out, n_groups * args.group_size)
+    return t[:, g_idx.long().to(t.device)]
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, args: QuantArgs,
@@ -172,6 +174,7 @@ def quantize_dynamic_per_token(x: torch.Tensor, args: QuantArgs):
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:
     """Signal-to-quantization-noise ratio in dB."""
-    ref, approx = ref.double(), approx.double()
-    noise = (ref - approx).pow(2).sum()
-    return float(10 * torch.log10(ref.pow(2).sum() / noise.clamp_min(1e-300)))
+    ref, approx = ref.float(), approx.float()
+    noise = torch.linalg.vector_norm(ref - approx).double() ** 2
+    signal = torch.linalg.vector_norm(ref).double() ** 2
+    return float(10 * torch.log10(signal / noise.clamp_min(1e-300)))

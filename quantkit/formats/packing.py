@@ -8,6 +8,8 @@ where no code straddles two words: every reader of the format agrees on those.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 PACKABLE_BITS = (2, 4, 8)
@@ -27,14 +29,18 @@ def pack_int32(codes: torch.Tensor, num_bits: int, dim: int = 1) -> torch.Tensor
     x = codes.t() if dim == 0 else codes
     rows, cols = x.shape
     pad = (-cols) % per_word
-    u = (x.to(torch.int32) + (1 << (num_bits - 1))) & ((1 << num_bits) - 1)
+    u = (x.to(torch.int16) + (1 << (num_bits - 1))).to(torch.uint8)
     if pad:
         u = torch.nn.functional.pad(u, (0, pad))
-    u = u.reshape(rows, -1, per_word)
-    shifts = torch.arange(per_word, dtype=torch.int32, device=codes.device) * num_bits
-    # The fields do not overlap, so a sum is a bitwise OR; int32 wraps for the top field.
-    packed = (u << shifts).sum(dim=-1, dtype=torch.int64)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+    # Fill bytes first (8 / num_bits codes each), then read four bytes as one little-endian word.
+    per_byte = 8 // num_bits
+    u = u.reshape(rows, -1, per_byte)
+    byte = u[..., 0].clone()
+    for i in range(1, per_byte):
+        byte |= u[..., i] << (num_bits * i)
+    if sys.byteorder != "little":  # pragma: no cover
+        raise RuntimeError("packing assumes a little-endian host")
+    packed = byte.contiguous().view(torch.int32)
     return packed.t().contiguous() if dim == 0 else packed.contiguous()
 
 

@@ -1,0 +1,139 @@
+"""The ``quantkit`` command line. Each command forwards to a typed Python function."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from .errors import QuantkitError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Post-training quantization for LLMs: convert, inspect, calibrate, evaluate.")
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code=2)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def _progress(iterable, total):
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, total=total, desc="quantizing layers", unit="layer", file=sys.stderr)
+
+
+@app.command()
+def convert(
+    model: Optional[str] = typer.Argument(None, help="Local Hugging Face model folder (default: the embedded SmolLM2-135M-Instruct)."),
+    recipe: str = typer.Option("w4a16-g64", "--recipe", "-r", help="Recipe file, shipped recipe name (recipes/) or preset name."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: out/<model>-<recipe>)."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: sampler output folder, JSONL/CSV/Parquet log or text file."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="Override the weight group size."),
+    ignore: Optional[List[str]] = typer.Option(None, "--ignore", help="Keep a module in high precision (name or 're:' pattern); repeatable."),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (overrides the recipe)."),
+    max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Calibration sequence length (overrides the recipe)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
+    device: str = typer.Option("cpu", "--device", help="Device for the per-layer work (cpu, cuda)."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation report after converting."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model folder."),
+):
+    """Quantize a model layer by layer into a compressed-tensors checkpoint."""
+    try:
+        from .api import quantize
+        from .formats.writer import prepare_output
+        from .recipe import load_recipe
+
+        r = load_recipe(recipe).with_overrides(group_size, ignore, num_samples, max_seq_len, calib)
+        model_name = Path(model).name if model else "smollm2-135m-instruct"
+        out = out or Path("out") / f"{model_name}-{r.name}"
+        prepare_output(out, overwrite)
+        typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, algorithm {r.algorithm}]", err=True)
+        q = quantize(model, r, calib, workdir=out.parent, device=device, progress=_progress,
+                     trust_remote_code=trust_remote_code)
+        path = q.save(out, overwrite=overwrite)
+        s = q.summary()
+        typer.echo(
+            f"done: {s['quantized_modules']} modules in {s['layers']} layers {s['formats']}; "
+            f"{_human(s['bytes_before'])} -> {_human(s['bytes_after'])} ({s['ratio']:.2f}x smaller); "
+            f"{s['seconds']:.1f} s; peak memory {_human(s['peak_rss_bytes'])}; written to {path}"
+        )
+        if not no_eval:
+            _maybe_eval(model, path, r)
+    except QuantkitError as e:
+        _fail(str(e))
+
+
+def _maybe_eval(model, path: Path, recipe) -> None:
+    try:
+        from .evaluation import evaluate_checkpoint  # arrives with the evaluation harness
+    except ImportError:
+        return
+    evaluate_checkpoint(model, path, recipe)
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."),
+            as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
+    """Show a checkpoint's scheme, per-module formats and sizes, and the kernel backend."""
+    try:
+        from .inspect import inspect_checkpoint
+
+        info = inspect_checkpoint(path)
+    except QuantkitError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(info, indent=2))
+        return
+    typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, algorithm {info['algorithm']}")
+    for name, g in info["config_groups"].items():
+        w, a = g["weights"], g["input_activations"]
+        wdesc = f"{w['type']}{w['num_bits']} {w['strategy']}" + (f" g{w['group_size']}" if w["group_size"] else "") + ("" if w["symmetric"] else " asym") if w else "-"
+        adesc = f"{a['type']}{a['num_bits']} {a['strategy']}{' dynamic' if a['dynamic'] else ' static'}" if a else "none"
+        typer.echo(f"  {name}: targets {g['targets']}  weights {wdesc}  activations {adesc}  ({g['format']})")
+    typer.echo(f"  kept in high precision: {', '.join(info['ignore']) or 'none'}")
+    typer.echo(f"  modules by format: {info['modules_by_format']}")
+    typer.echo(f"  size: {_human(info['total_bytes'])} total, {_human(info['quantized_bytes'])} in quantized modules")
+    typer.echo(f"  backend: {info['backend']['cpu']} on CPU, {info['backend']['cuda']} on CUDA (override: QUANTKIT_BACKEND)")
+
+
+def _register_optional() -> None:
+    """Commands from the calibration and evaluation packages, when present."""
+    try:
+        from .calibration.cli import calibrate_command
+        app.command("calibrate")(calibrate_command)
+    except ImportError:
+        pass
+    try:
+        from .evaluation.cli import eval_command, plan_command
+        app.command("eval")(eval_command)
+        app.command("plan")(plan_command)
+    except ImportError:
+        pass
+
+
+_register_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except QuantkitError as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
