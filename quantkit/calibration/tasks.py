@@ -1,24 +1,31 @@
 """Task types: taken from the log's task field when present, otherwise inferred by rules.
 
-Inference rules (read the instruction: system + user turns, or the prompt), first match wins:
+The rules read the instruction (system + user turns, or the prompt). "The ask" is the whole
+instruction when it is short, else its first and last 400 characters: that is where a request
+sits around an attached document, and a document's own words ("翻译" in a translated manual's
+header, "summary" in a reference page) must not decide the task. First match wins:
 
-1. ``translation``    "translate", "into English/Chinese/...", 翻译, 译成/译为
-2. ``summarisation``  "summarise/summarize/summary", "tl;dr", "key points", 总结, 摘要, 概括, 归纳
-3. ``extraction``     "extract", "list all", "find all", "named entities", 提取, 抽取, 找出所有, 列出所有
-4. ``classification`` "classify", "categorise", "sentiment", "positive or negative",
+1. ``translation``    the ask says "translate", "translation of/into", "into English/Chinese/...",
+                      翻译成/翻译为/请翻译/翻译下面, 译成/译为 (not a bare "翻译": a translated
+                      manual credits its translator with it)
+2. ``summarisation``  the ask says "summarise/summarize/summary", "tl;dr", "key points", 总结,
+                      摘要, 概括, 归纳
+3. ``extraction``     the ask says "extract", "list all", "find all", "named entities", 提取,
+                      抽取, 找出所有, 列出所有
+4. ``classification`` the ask says "classify", "categorise", "sentiment", "positive or negative",
                       "which category/label", 分类, 情感, 正面还是负面, 类别
-5. ``code``           a fenced code block, >= 3 code-shaped lines (def/class/import/#include/
-                      function/return/...), or "write/fix/debug/refactor ... function/code/script",
-                      写函数/写代码, 代码
-6. ``qa_document``    a chat/prompt instruction of >= 1,500 characters (a document is attached)
-                      whose first or last 400 characters ask something ("?", what/who/how/...,
+5. ``code``           a fenced code block anywhere, or the ask says "write/fix/debug/refactor ...
+                      function/code/script", 写函数/写代码, 这段代码
+6. ``qa_document``    a chat/prompt instruction with a document attached (>= 1,500 characters,
+                      CJK characters counting 3) whose ask asks something ("?", what/who/how/...,
                       根据, 是什么, 为什么, 哪)
-7. ``math``           "calculate/compute/solve/equation/how many/probability/...", 计算, 求解,
-                      方程, or digit-dense text with arithmetic ("12 * 7", "3.5 + 4")
-8. ``chat``           any other chat or prompt row; raw-text rows fall back to ``text``.
+7. ``code``           >= 3 code-shaped lines (def/class/import/#include/function/return/...)
+8. ``math``           "calculate/compute/solve/equation/how many/probability/value of/remainder/
+                      divisible/...", 计算, 求解, 方程, math notation (``x = 3``, ``x^2``,
+                      ``\\frac``, ``$...$``), a question with >= 3 numbers that are not years, or
+                      digit-dense text with arithmetic (``12 * 7``)
+9. ``chat``           any other chat or prompt row; raw-text rows fall back to ``text``.
 
-Instruction verbs come before content signals on purpose: "summarise this code" is a
-summarisation request, and a long report full of figures with a question is QA, not math.
 Labels from a task field are kept verbatim (lower-cased, spaces to underscores), so a log's own
 taxonomy is respected; ``TASK_ALIASES`` only folds common spellings onto the rule names.
 """
@@ -45,8 +52,9 @@ ASK_CHARS = 400  # where the question around an attached document is looked for 
 _I = re.IGNORECASE
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("translation", re.compile(
-        r"\btranslat(e|ed|ion|ing)\b|\binto (english|chinese|french|german|spanish|japanese|korean)\b"
-        r"|翻译|译成|译为|英译中|中译英", _I)),
+        r"\btranslate\b|\btranslation (of|into|to)\b"
+        r"|\binto (english|chinese|french|german|spanish|japanese|korean)\b"
+        r"|翻译成|翻译为|译成|译为|请翻译|翻译(一下|下面|以下|这段)|英译中|中译英", _I)),
     ("summarisation", re.compile(
         r"\bsummar(y|ies|ise|ize|ised|ized|isation|ization)\b|\btl;?dr\b|\bkey points\b"
         r"|总结|摘要|概括|归纳", _I)),
@@ -63,13 +71,18 @@ _CODE_LINE = re.compile(
     r"|var |return\b|if \(|for \(|}\s*$|@\w+)", re.MULTILINE)
 _CODE_ASK = re.compile(
     r"\b(write|implement|debug|fix|refactor|optimi[sz]e)\b.{0,40}\b(function|code|script|class|"
-    r"program|query|regex)\b|写(一个)?(函数|程序|代码|脚本)|代码", _I)
+    r"program|query|regex)\b|写(一个|一段)?(函数|程序|代码|脚本)|(这段|以下|下面的?)代码", _I)
 _QUESTION = re.compile(r"[?？]|\b(what|who|when|where|why|how|which)\b|根据|是什么|为什么|哪", _I)
 _MATH_ASK = re.compile(
-    r"\b(calculate|compute|solve|equation|how many|how much|probability|percentage|integral|"
-    r"derivative)\b|计算|求解|方程", _I)
+    r"\b(calculate|compute|solve|equations?|how many|how much|probability|percentage|integral|"
+    r"derivative|value of|remainder|divisible|polynomial|integers?|prime|ratio|variance)\b"
+    r"|计算|求解|方程", _I)
+_MATH_NOTATION = re.compile(r"\\frac|\$[^$\n]{1,80}\$|\b[a-z]\s*[=<>≤≥]\s*-?\d|\b[a-z]\^\d|\^\{")
 _ARITHMETIC = re.compile(r"\d\s*[-+*/×÷^=]\s*\d")
 _DIGIT = re.compile(r"\d")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_YEAR = re.compile(r"1[89]\d\d|20\d\d")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 
 
 def normalise_task(label: str) -> str:
@@ -78,21 +91,33 @@ def normalise_task(label: str) -> str:
 
 def infer_task(instruction: str, shape: str) -> str:
     """The task type of one row by the rules above (see the module docstring)."""
+    long = _weighted_len(instruction) >= DOCUMENT_CHARS
+    ask = instruction[:ASK_CHARS] + "\n" + instruction[-ASK_CHARS:] if long else instruction
+    for task, pattern in RULES:
+        if pattern.search(ask):
+            return task
     text = instruction if len(instruction) <= INSPECT_CHARS else \
         instruction[: INSPECT_CHARS // 2] + "\n" + instruction[-INSPECT_CHARS // 2:]
-    for task, pattern in RULES:
-        if pattern.search(text):
-            return task
-    if _CODE_FENCE.search(text) or len(_CODE_LINE.findall(text)) >= 3 or _CODE_ASK.search(text):
+    if _CODE_FENCE.search(text) or _CODE_ASK.search(ask):
         return "code"
-    if shape != "text" and len(instruction) >= DOCUMENT_CHARS and (
-            _QUESTION.search(instruction[:ASK_CHARS]) or _QUESTION.search(instruction[-ASK_CHARS:])):
+    if long and shape != "text" and _QUESTION.search(ask):
         return "qa_document"
-    if _MATH_ASK.search(text) or _is_numeric(text):
+    if len(_CODE_LINE.findall(text)) >= 3:
+        return "code"
+    if _MATH_ASK.search(ask) or _MATH_NOTATION.search(text) or _is_numeric(text):
         return "math"
     return "text" if shape == "text" else "chat"
 
 
+def _weighted_len(text: str) -> int:
+    # A CJK character carries about as much as three Latin ones (and tokenises to more tokens).
+    head = text[:DOCUMENT_CHARS]
+    return len(text) + 2 * len(_CJK.findall(head))
+
+
 def _is_numeric(text: str) -> bool:
+    quantities = [n for n in _NUMBER.findall(text) if not _YEAR.fullmatch(n)]
+    if len(quantities) >= 3 and _QUESTION.search(text):
+        return True
     digits = len(_DIGIT.findall(text))
     return digits >= 0.08 * max(len(text), 1) and _ARITHMETIC.search(text) is not None
