@@ -35,12 +35,8 @@ def resolve_tokenizer(model: Any = None) -> Any:
 
 
 def _default_tokenizer() -> Any:
-    try:
-        from quantkit.models import default_tokenizer  # the spine's cached default, when present
-    except ImportError:
-        default_tokenizer = None
-    if default_tokenizer is not None:
-        return default_tokenizer()
+    # Straight from the GGUF (a few seconds): the sampler needs no weights, and building the
+    # spine's dequantized model cache (quantkit.models) would cost ~30 s and 1.3 GB.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # find, never import: it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
         raise QuantkitError(f"--model: not given and the default model package {DEFAULT_GGUF_PACKAGE!r} "
