@@ -1,0 +1,311 @@
+"""GPTQ benchmark: quantkit against llm-compressor on the same model, data and grid.
+
+One run measures, each in its own subprocess (so peak memory is that run's alone):
+  - the unquantized model (perplexity only),
+  - quantkit RTN on the grid (perplexity only: the baseline GPTQ must improve on),
+  - quantkit GPTQ, and GPTQ with act-order, if asked (wall time, peak RSS, perplexity),
+  - llm-compressor's GPTQModifier (wall time, peak RSS, perplexity) when an interpreter
+    with ``llmcompressor`` is found (``--llmc-python``, default ``.venv-llmc/bin/python``).
+
+Everything is offline:
+  - calibration text: the Python standard library's ``pydoc_data/topics.py`` (English
+    reference documentation), tokenized once and cut into ``--samples`` windows of
+    ``--seq-len`` tokens at seeded random offsets. Both toolkits get the same token ids.
+  - held-out text: gensim's ``test/test_data/lee_background.cor`` (Australian news, the
+    Lee corpus), from the gensim wheel on PyPI — a different domain and source from the
+    calibration text, so perplexity measures generalisation, not memorisation.
+    Perplexity: non-overlapping ``--seq-len`` windows, mean next-token NLL, exponentiated.
+
+Models: ``smollm2`` (the embedded SmolLM2-135M, dequantized from its GGUF), ``gemma3``
+(Gemma3-270M from its GGUF parts, tokenizer rebuilt from the GGUF's sentencepiece data:
+see ``benchmarks/gemma3.py``), or a local HF folder.
+
+Usage:
+    python benchmarks/gptq.py --model smollm2 --samples 32 --seq-len 512
+    python benchmarks/gptq.py --model gemma3 --no-llmc --actorder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve()
+
+
+# -- data -------------------------------------------------------------------------------------
+def calibration_text() -> str:
+    import pydoc_data.topics as topics
+
+    return "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
+
+
+def heldout_text() -> str:
+    """gensim's Lee background corpus, extracted from the gensim wheel (cached)."""
+    cache = ROOT / ".cache" / "benchmarks"
+    target = cache / "lee_background.cor"
+    if target.exists():
+        return target.read_text(encoding="utf-8")
+    import glob
+    import zipfile
+
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = glob.glob(str(cache / "gensim-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "gensim", "-d", str(cache), "-q"],
+                       check=True)
+        wheels = glob.glob(str(cache / "gensim-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as z:
+        target.write_bytes(z.read("gensim/test/test_data/lee_background.cor"))
+    return target.read_text(encoding="utf-8")
+
+
+def token_windows(ids: list[int], n: int, length: int, seed: int | None) -> list[list[int]]:
+    """``n`` windows of ``length`` tokens: consecutive (seed None) or at seeded random offsets."""
+    if seed is None:
+        return [ids[i * length:(i + 1) * length] for i in range(min(n, len(ids) // length))]
+    rng = random.Random(seed)
+    starts = sorted(rng.sample(range(0, len(ids) - length), n))
+    return [ids[s:s + length] for s in starts]
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def encode_adds_bos(tokenizer) -> bool:
+    ids = tokenizer("a")["input_ids"]
+    return tokenizer.bos_token_id is not None and len(ids) > 0 and ids[0] == tokenizer.bos_token_id
+
+
+def perplexity(model, windows: list[list[int]], bos: int | None) -> float:
+    """exp(mean next-token NLL) over non-overlapping windows (a BOS is prepended when given)."""
+    import torch
+
+    nll, count = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for w in windows:
+            ids = ([bos] if bos is not None else []) + list(w)
+            x = torch.tensor([ids])
+            logits = model(input_ids=x).logits[0, :-1].float()
+            target = x[0, 1:]
+            nll += float(torch.nn.functional.cross_entropy(logits, target, reduction="sum"))
+            count += target.numel()
+    return float(torch.exp(torch.tensor(nll / count)))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# -- models -----------------------------------------------------------------------------------
+def model_dir(name: str) -> Path:
+    if name == "smollm2":
+        from quantkit.models import default_model_dir
+
+        return default_model_dir()
+    if name == "gemma3":
+        sys.path.insert(0, str(HERE.parent))
+        from gemma3 import gemma3_model_dir
+
+        return gemma3_model_dir()
+    return Path(name)
+
+
+def load_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+# -- workers (each in its own process) --------------------------------------------------------
+def scheme_dict(group_size: int, actorder: str | None) -> dict:
+    return {"group_0": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+        "group_size": group_size, "actorder": actorder}}}
+
+
+def worker_quantkit(spec: dict) -> dict:
+    import torch
+
+    import quantkit
+
+    torch.set_num_threads(spec["threads"])
+    folder = Path(spec["model_dir"])
+    calib = spec["calibration"]
+    out = {}
+    if spec["variant"] == "fp32":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        out["peak_rss_mb_quantize"] = None
+    else:
+        recipe = {"version": 1, "config_groups": scheme_dict(spec["group_size"], spec.get("actorder")),
+                  "ignore": ["lm_head"], "algorithm": {"name": spec["algorithm"], **spec.get("options", {})},
+                  "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"]}}
+        t0, c0 = time.perf_counter(), time.process_time()
+        q = quantkit.quantize(folder, recipe, calibration=calib if spec["algorithm"] != "rtn" else None,
+                              workdir=spec["workdir"])
+        out["seconds"] = time.perf_counter() - t0
+        out["cpu_seconds"] = time.process_time() - c0
+        out["peak_rss_mb_quantize"] = peak_rss_mb()
+        log = json.loads((q.path / "quantization_log.json").read_text())
+        mods = log["modules"].values()
+        if spec["algorithm"] == "gptq":
+            out["damping_retries"] = sum(m.get("damping_retries", 0) for m in mods)
+            out["loss_vs_rtn_mean"] = sum(m["loss_vs_rtn"] for m in mods) / len(mods)
+        model = q.load()
+    out["perplexity"] = perplexity(model, spec["eval"], spec["bos"])
+    return out
+
+
+def worker_llmc(spec: dict) -> dict:
+    """llm-compressor's GPTQModifier, run with its own interpreter (it pins other versions)."""
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(spec["threads"])
+    calib = spec["calibration"]
+    t0, c0 = time.perf_counter(), time.process_time()
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    ds = Dataset.from_dict({"input_ids": calib, "attention_mask": [[1] * len(c) for c in calib]})
+    options = {"actorder": spec["actorder"]} if spec.get("actorder") is not None else {}
+    modifier = GPTQModifier(config_groups=scheme_dict(spec["group_size"], None), ignore=["lm_head"],
+                            block_size=128, dampening_frac=0.01, **options)
+    oneshot(model=model, dataset=ds, recipe=modifier, max_seq_length=spec["seq_len"],
+            num_calibration_samples=len(calib), shuffle_calibration_samples=False)
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    rss = peak_rss_mb()
+    actorder = str(model.model.layers[0].self_attn.q_proj.quantization_scheme.weights.actorder)
+    return {"seconds": seconds, "cpu_seconds": cpu_seconds, "peak_rss_mb_quantize": rss, "actorder": actorder,
+            "perplexity": perplexity(model, spec["eval"], spec["bos"])}
+
+
+def run_worker(python: str, kind: str, spec: dict, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path = Path(tmp) / "spec.json"
+        result_path = Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONPATH=str(ROOT), TOKENIZERS_PARALLELISM="false")
+        t0 = time.perf_counter()
+        proc = subprocess.run([python, str(HERE), "--worker", kind, str(spec_path), str(result_path)],
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout)[-3000:]
+            return {"error": f"exit {proc.returncode}: {tail}"}
+        out = json.loads(result_path.read_text())
+        out["process_seconds"] = time.perf_counter() - t0
+        return out
+
+
+# -- main --------------------------------------------------------------------------------------
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="smollm2, gemma3, or a local HF folder")
+    ap.add_argument("--samples", type=int, default=128, help="calibration samples (both toolkits)")
+    ap.add_argument("--seq-len", type=int, default=512, help="tokens per calibration sample and eval window")
+    ap.add_argument("--eval-windows", type=int, default=40, help="held-out windows of --seq-len tokens")
+    ap.add_argument("--group-size", type=int, default=64)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--actorder", action="store_true", help="also run quantkit GPTQ with actorder weight and group")
+    ap.add_argument("--true-sequential", choices=["default", "on", "off", "both"], default="default")
+    ap.add_argument("--no-llmc", action="store_true", help="skip llm-compressor")
+    ap.add_argument("--llmc-python", default=str(ROOT / ".venv-llmc" / "bin" / "python"))
+    ap.add_argument("--timeout", type=int, default=7200, help="seconds per subprocess")
+    ap.add_argument("--json", help="write all figures to this file")
+    ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+
+    if a.worker:
+        kind, spec_path, result_path = a.worker
+        spec = json.loads(Path(spec_path).read_text())
+        out = worker_quantkit(spec) if kind == "quantkit" else worker_llmc(spec)
+        Path(result_path).write_text(json.dumps(out))
+        return
+
+    folder = model_dir(a.model)
+    tok = load_tokenizer(folder)
+    # A model whose tokenizer adds BOS (Gemma) sees it at the start of every sample and window.
+    bos = tok.bos_token_id if encode_adds_bos(tok) else None
+    calib = token_windows(encode(tok, calibration_text()), a.samples, a.seq_len - (bos is not None), a.seed)
+    calib = [([bos] if bos is not None else []) + w for w in calib]
+    held = token_windows(encode(tok, heldout_text()), a.eval_windows, a.seq_len, None)
+    workdir = ROOT / ".cache" / "benchmarks" / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
+            "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir)}
+
+    runs: dict[str, dict] = {}
+
+    def run(label: str, kind: str, python: str = sys.executable, **extra) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
+        runs[label] = run_worker(python, kind, {**base, **extra}, a.timeout)
+        print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(runs[label])[:400]}", file=sys.stderr, flush=True)
+
+    run("fp32", "quantkit", variant="fp32")
+    run("quantkit-rtn", "quantkit", variant="q", algorithm="rtn")
+    ts = {"default": [None], "on": [True], "off": [False], "both": [True, False]}[a.true_sequential]
+    for t in ts:
+        opts = {} if t is None else {"true_sequential": t}
+        suffix = "" if t is None else ("-trueseq" if t else "-oneshot")
+        run(f"quantkit-gptq{suffix}", "quantkit", variant="q", algorithm="gptq", options=opts)
+        if a.actorder:
+            for order in ("weight", "group"):
+                run(f"quantkit-gptq{suffix}-actorder-{order}", "quantkit", variant="q", algorithm="gptq",
+                    options=opts, actorder=order)
+    llmc = Path(a.llmc_python)
+    if not a.no_llmc and llmc.exists():
+        run("llmc-gptq", "llmc", python=str(llmc))
+    elif not a.no_llmc:
+        print(f"llm-compressor interpreter not found at {llmc}: skipped", file=sys.stderr)
+
+    report(a, runs, len(calib), sum(map(len, held)))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"args": vars(a), "runs": runs}, indent=2))
+
+
+def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
+    print(f"\nmodel {a.model}; W4A16 symmetric g{a.group_size}; calibration {n_calib} x {a.seq_len} tokens "
+          f"(pydoc topics); held-out {eval_tokens} tokens (Lee corpus); {a.threads} threads")
+    print(f"{'run':34s} {'wall s':>9s} {'CPU s':>9s} {'peak RSS MB':>12s} {'perplexity':>11s}")
+    for label, r in runs.items():
+        if "error" in r:
+            print(f"{label:34s} ERROR {r['error'][-300:]}")
+            continue
+        s = f"{r['seconds']:9.1f} {r['cpu_seconds']:9.1f}" if r.get("seconds") is not None else f"{'-':>9s} {'-':>9s}"
+        m = f"{r['peak_rss_mb_quantize']:12.0f}" if r.get("peak_rss_mb_quantize") else f"{'-':>12s}"
+        print(f"{label:34s} {s} {m} {r['perplexity']:11.3f}")
+    fp, rtn = runs.get("fp32", {}).get("perplexity"), runs.get("quantkit-rtn", {}).get("perplexity")
+    if fp and rtn:
+        for label, r in runs.items():
+            if "gptq" in label and "perplexity" in r:
+                removed = (rtn - r["perplexity"]) / (rtn - fp) if rtn != fp else float("nan")
+                print(f"{label}: removes {100 * removed:.1f}% of RTN's perplexity increase "
+                      f"({fp:.3f} -> RTN {rtn:.3f} -> {r['perplexity']:.3f})")
+    ours = [k for k in runs if k.startswith("quantkit-gptq") and "perplexity" in runs[k]]
+    theirs = runs.get("llmc-gptq")
+    if theirs and "perplexity" in theirs:
+        for k in ours:
+            r = runs[k]
+            print(f"{k} / llmc-gptq: wall time x{r['seconds'] / theirs['seconds']:.3f}, "
+                  f"CPU time x{r['cpu_seconds'] / theirs['cpu_seconds']:.3f}, "
+                  f"peak RSS x{r['peak_rss_mb_quantize'] / theirs['peak_rss_mb_quantize']:.3f}, "
+                  f"perplexity x{r['perplexity'] / theirs['perplexity']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
