@@ -42,13 +42,19 @@ def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
 
 
+# Dynamic activation scales follow vLLM's serving kernels: int8 absmax / 127, fp8 absmax / 448
+# with a floor of 1 / (448 * 512), so the reference computes what the deployment computes.
+_FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+
 def _act_codes(x2: torch.Tensor, layer, float_type: bool):
     """Per-token (dynamic) or per-tensor (static) symmetric activation codes and scales."""
-    limit = FP8_MAX if float_type else 127.5
     if layer.input_scale is not None:
         scale = layer.input_scale.float().reshape(1, 1)
+    elif float_type:
+        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_min(_FP8_MIN_SCALE)
     else:
-        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / limit).clamp_min(1e-12)
+        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp_min(1e-10)
     v = x2.float() / scale
     if float_type:
         return v.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale

@@ -1,0 +1,180 @@
+"""End to end on a tiny random Llama: every preset converts, loads and computes what it should."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import quantkit
+from quantkit.formats.compressed_tensors import decompress_module
+from quantkit.modules import QuantLinear
+from quantkit.primitives import fake_quantize, quantize_weight
+
+from conftest import make_llama_dir, random_ids
+
+PRESET_RECIPES = {
+    "W4A16": {"scheme": "W4A16", "group_size": 32},
+    "W4A16_ASYM": {"scheme": "W4A16_ASYM", "group_size": 32},
+    "W8A16": {"scheme": "W8A16"},
+    "W8A8": {"scheme": "W8A8"},
+    "FP8": {"scheme": "FP8"},
+    "FP8_DYNAMIC": {"scheme": "FP8_DYNAMIC"},
+}
+
+
+@pytest.fixture(scope="module")
+def converted(tiny_llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("converted")
+    out = {}
+    for name, rec in PRESET_RECIPES.items():
+        q = quantkit.quantize(tiny_llama, rec, calibration=random_ids(4, 32))
+        out[name] = q.save(root / name)
+    return out
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits
+
+
+def _rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def _fake_quant_reference(src, scheme_name):
+    """The fp32 model with every decoder linear's weight fake-quantized by RTN."""
+    model = AutoModelForCausalLM.from_pretrained(src)
+    args = quantkit.load_recipe(PRESET_RECIPES[scheme_name]).groups["group_0"].weights
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and ".layers." in name:
+                q, s, z = quantize_weight(m.weight, args)
+                m.weight.copy_(fake_quantize(m.weight, s, z, args))
+    return model
+
+
+@pytest.mark.parametrize("name", ["W4A16", "W4A16_ASYM", "W8A16"])
+def test_weight_only_matches_fake_quant_reference(converted, tiny_llama, name):
+    ids = random_ids(2, 16, seed=5)
+    got = _logits(quantkit.load(converted[name]), ids)
+    want = _logits(_fake_quant_reference(tiny_llama, name), ids)
+    assert _rel(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("name,limit", [("W4A16", 0.5), ("W4A16_ASYM", 0.5), ("W8A16", 0.05),
+                                        ("W8A8", 0.06), ("FP8", 0.2), ("FP8_DYNAMIC", 0.2)])
+def test_close_to_fp32_and_smaller(converted, tiny_llama, name, limit):
+    ids = random_ids(2, 16, seed=6)
+    ref = _logits(AutoModelForCausalLM.from_pretrained(tiny_llama), ids)
+    model = quantkit.load(converted[name])
+    got = _logits(model, ids)
+    assert _rel(got, ref) < limit
+    n_quant = sum(isinstance(m, QuantLinear) for m in model.modules())
+    assert n_quant == 2 * 7  # 2 layers x (q, k, v, o, gate, up, down); lm_head kept
+    assert not isinstance(model.lm_head, QuantLinear)
+
+
+@pytest.mark.parametrize("name", ["W4A16", "W8A16", "FP8", "FP8_DYNAMIC"])
+def test_transformers_compressed_tensors_agree(converted, name):
+    pytest.importorskip("compressed_tensors")
+    ids = random_ids(1, 12, seed=7)
+    ours = _logits(quantkit.load(converted[name]), ids)
+    theirs = _logits(AutoModelForCausalLM.from_pretrained(converted[name]), ids)
+    assert _rel(ours, theirs) < 1e-3
+
+
+def test_checkpoint_metadata(converted):
+    cfg = json.loads((converted["W4A16"] / "config.json").read_text())
+    qc = cfg["quantization_config"]
+    assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "pack-quantized"
+    assert qc["quantization_status"] == "compressed" and "lm_head" in qc["ignore"]
+    w = qc["config_groups"]["group_0"]["weights"]
+    assert (w["num_bits"], w["group_size"], w["strategy"], w["symmetric"]) == (4, 32, "group", True)
+    fmts = {n: json.loads((p / "config.json").read_text())["quantization_config"]["format"] for n, p in converted.items()}
+    assert fmts == {"W4A16": "pack-quantized", "W4A16_ASYM": "pack-quantized", "W8A16": "pack-quantized",
+                    "W8A8": "int-quantized", "FP8": "float-quantized", "FP8_DYNAMIC": "float-quantized"}
+    log = json.loads((converted["W4A16"] / "quantization_log.json").read_text())
+    assert len(log["modules"]) == 14 and all(m["sqnr_db"] > 10 for m in log["modules"].values())
+
+
+def test_static_fp8_stores_calibrated_input_scales(converted):
+    from safetensors import safe_open
+
+    with safe_open(converted["FP8"] / "model.safetensors", "pt") as f:
+        keys = set(f.keys())
+        s = f.get_tensor("model.layers.0.mlp.down_proj.input_scale")
+        w = f.get_tensor("model.layers.0.mlp.down_proj.weight")
+    assert w.dtype == torch.float8_e4m3fn and s.numel() == 1 and float(s) > 0
+    assert all(f"model.layers.{i}.self_attn.{p}_proj.input_scale" in keys for i in (0, 1) for p in "qkvo")
+
+
+def test_decoded_weights_equal_compressed_tensors(converted):
+    """compressed-tensors' own decompressor gives exactly quantkit's dequantized weights."""
+    ct = pytest.importorskip("compressed_tensors.compressors.pack_quantized.base")
+    from compressed_tensors.quantization import QuantizationScheme
+    from safetensors import safe_open
+
+    for name in ("W4A16", "W4A16_ASYM", "W8A16"):
+        path = converted[name]
+        qc = json.loads((path / "config.json").read_text())["quantization_config"]
+        scheme_ct = QuantizationScheme.model_validate(qc["config_groups"]["group_0"])
+        scheme = quantkit.load_recipe(PRESET_RECIPES[name]).groups["group_0"]
+        prefix = "model.layers.1.mlp.down_proj."
+        with safe_open(path / "model.safetensors", "pt") as f:
+            sd = {k[len(prefix):]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
+        theirs = ct.PackedQuantizationCompressor.decompress(sd, scheme_ct)["weight"]
+        assert torch.equal(decompress_module(sd, scheme), theirs), name
+
+
+def test_ignore_keeps_modules_in_high_precision(tiny_llama, tmp_path):
+    rec = {"scheme": "W8A16", "ignore": ["re:.*mlp.down_proj", "model.layers.0.self_attn.q_proj"]}
+    path = quantkit.quantize(tiny_llama, rec).save(tmp_path / "mixed")
+    model = quantkit.load(path)
+    assert not isinstance(model.model.layers[0].mlp.down_proj, QuantLinear)
+    assert not isinstance(model.model.layers[0].self_attn.q_proj, QuantLinear)
+    assert isinstance(model.model.layers[1].self_attn.q_proj, QuantLinear)
+    ref = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    assert torch.equal(model.model.layers[1].mlp.down_proj.weight, ref.model.layers[1].mlp.down_proj.weight)
+
+
+def test_mixed_precision_groups(tiny_llama, tmp_path):
+    rec = {"config_groups": {
+        "attn": {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "strategy": "channel"}},
+        "mlp": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "group_size": 32}},
+    }}
+    path = quantkit.quantize(tiny_llama, rec).save(tmp_path / "mp")
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "pack-quantized"  # both weight-only int: one format
+    model = quantkit.load(path)
+    assert model.model.layers[0].self_attn.q_proj.num_bits == 8
+    assert model.model.layers[0].mlp.up_proj.num_bits == 4
+    rec["config_groups"]["attn"] = {"targets": ["re:.*self_attn.*"], "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                                    "input_activations": {"num_bits": 8, "type": "float", "dynamic": True}}
+    path = quantkit.quantize(tiny_llama, rec).save(tmp_path / "mp2")
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert qc["format"] == "mixed-precision"
+    ids = random_ids(1, 10, seed=9)
+    ref = _logits(AutoModelForCausalLM.from_pretrained(tiny_llama), ids)
+    assert _rel(_logits(quantkit.load(path), ids), ref) < 0.5
+
+
+def test_sharding_and_in_memory_model(tiny_llama, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama)
+    rec = {"scheme": "W8A16", "output": {"max_shard_size": "60KB"}}
+    path = quantkit.quantize(model, rec).save(tmp_path / "sharded")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    shards = set(index["weight_map"].values())
+    assert len(shards) > 2 and all((path / s).exists() for s in shards)
+    ids = random_ids(1, 10, seed=3)
+    assert _rel(_logits(quantkit.load(path), ids), _logits(model, ids)) < 0.05
+
+
+def test_qwen2_with_biases(tmp_path):
+    src = make_llama_dir(tmp_path / "qwen", arch="qwen2")
+    path = quantkit.quantize(src, {"scheme": "W8A8"}).save(tmp_path / "q")
+    model = quantkit.load(path)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    ids = random_ids(1, 10, seed=4)
+    ref = AutoModelForCausalLM.from_pretrained(src)
+    assert _rel(_logits(model, ids), _logits(ref, ids)) < 0.06
