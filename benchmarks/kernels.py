@@ -35,15 +35,32 @@ def copy_bandwidth(torch, triton, nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3)
 
 
+def make_timer(torch, triton, graph: bool):
+    """``timer(fn) -> ms``: one untimed call (autotuning, compilation), then CUDA-graph replays
+    (kernel time without Python launch overhead, as a serving engine runs decode) or launches."""
+    def timer(fn):
+        fn()
+        torch.cuda.synchronize()
+        if graph:
+            try:
+                return triton.testing.do_bench_cudagraph(fn)
+            except Exception as exc:  # capture can fail on some setups: fall back, say so
+                print(f"(cuda graph capture failed: {str(exc).splitlines()[0]}; timing launches)", flush=True)
+        return triton.testing.do_bench(fn)
+    return timer
+
+
 def run_cuda(args) -> list[dict]:
     import torch
     import triton
 
     from quantkit.kernels import fp8_gemm, int4_gemm, int8_gemm
 
+    timer = make_timer(torch, triton, not args.no_graph)
     copy_bw = copy_bandwidth(torch, triton)
-    print(f"device: {torch.cuda.get_device_name()}; copy bandwidth {copy_bw / 1e9:.0f} GB/s "
-          f"({copy_bw / NOMINAL_BW:.0%} of nominal {NOMINAL_BW / 1e12:.1f} TB/s)", flush=True)
+    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
+          f"copy bandwidth {copy_bw / 1e9:.0f} GB/s ({copy_bw / NOMINAL_BW:.0%} of nominal "
+          f"{NOMINAL_BW / 1e12:.1f} TB/s); timing: {'launches' if args.no_graph else 'CUDA graphs'}", flush=True)
     print(HEADER, flush=True)
     rows = []
     for k, n in args.shapes:
@@ -52,11 +69,12 @@ def run_cuda(args) -> list[dict]:
             dense_ms = {}
             for dt, w in dense_w.items():
                 x = torch.randn(m, k, device="cuda").to(dt)
-                dense_ms[dt] = triton.testing.do_bench(lambda: torch.matmul(x, w.t()))
+                dense_ms[dt] = timer(lambda: torch.matmul(x, w.t()))
             for name, mod, dt in (("W4A16", int4_gemm, torch.float16), ("FP8", fp8_gemm, torch.bfloat16),
                                   ("INT8", int8_gemm, torch.bfloat16)):
                 t0 = time.perf_counter()
-                r = mod.bench(m, n, k, dt) if name != "W4A16" else mod.bench(m, n, k, dt, W4_GROUP)
+                r = mod.bench(m, n, k, dt, timer=timer) if name != "W4A16" else \
+                    mod.bench(m, n, k, dt, W4_GROUP, timer=timer)
                 bw = r["bytes"] / (r["ms"] * 1e-3)
                 row = {"kernel": name, "M": m, "K": k, "N": n, "ms": r["ms"],
                        "tflops": r["flops"] / (r["ms"] * 1e-3) / 1e12, "gbs": bw / 1e9,
@@ -126,6 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--shapes", type=lambda s: tuple(int(v) for v in s.lower().split("x")), nargs="+",
                    default=list(KN_VALUES), help="K x N pairs, e.g. 4096x4096")
     p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--no-graph", action="store_true", help="time plain launches instead of CUDA-graph replays")
     args = p.parse_args(argv)
     if args.interpret:
         run_interpret()

@@ -63,7 +63,7 @@ def _fp8_gemm_kernel(
         w = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=mask_k[:, None] & mask_n[None, :], other=0.0)
         if COMPUTE_F32:  # interpreter (no fp8/bf16 dot there) or fp32 activations; fp8 -> fp32 is exact
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         elif A_QUANT:
             acc += tl.dot(a, w)
         else:  # weight-only: upcast the codes to the activations' dtype (exact for E4M3 in fp16/bf16)
@@ -206,9 +206,9 @@ def make_random(m: int, n: int, k: int, dtype=torch.bfloat16, device="cuda", see
     return x.to(device), (w / sw).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(device), sw.to(device)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.bfloat16) -> dict:
-    """Time ``fp8_gemm`` (activation quantization included) on CUDA."""
+def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None) -> dict:
+    """Time ``fp8_gemm`` (activation quantization included) on CUDA; ``timer(fn) -> ms``."""
     x, w, sw = make_random(m, n, k, dtype)
-    ms = triton.testing.do_bench(lambda: fp8_gemm(x, w, sw))
+    ms = (timer or triton.testing.do_bench)(lambda: fp8_gemm(x, w, sw))
     nbytes = w.numel() + sw.numel() * 4 + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}

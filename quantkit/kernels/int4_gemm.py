@@ -114,7 +114,10 @@ def _w4a16_kernel(
             else:
                 w = q - OFFSET
             # integer codes are exact in fp16/bf16, so the dot is exact up to accumulation
-            acc += tl.dot(x, w.to(x.dtype)) * s[None, :]
+            if COMPUTE_F32:  # fp32 activations: no tf32 truncation on a GPU
+                acc += tl.dot(x, w.to(tl.float32), input_precision="ieee") * s[None, :]
+            else:
+                acc += tl.dot(x, w.to(x.dtype)) * s[None, :]
         else:
             if HAS_GIDX:
                 g = tl.load(g_ptr + offs_k, mask=mask_k, other=0)
@@ -128,7 +131,10 @@ def _w4a16_kernel(
                 w = (q - ((zw >> z_shift[None, :]) & MASK)).to(tl.float32) * s
             else:
                 w = (q - OFFSET).to(tl.float32) * s
-            acc += tl.dot(x, w.to(x.dtype))
+            if COMPUTE_F32:
+                acc += tl.dot(x, w, input_precision="ieee")
+            else:
+                acc += tl.dot(x, w.to(x.dtype))
 
     if HAS_BIAS:
         bias = tl.load(b_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)
@@ -380,11 +386,13 @@ def _pack_rows(codes_u: torch.Tensor) -> torch.Tensor:
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128) -> dict:
-    """Time ``w4a16_gemm`` on CUDA: milliseconds and bytes moved (weights + activations + output)."""
+def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, timer=None) -> dict:
+    """Time ``w4a16_gemm`` on CUDA: milliseconds and bytes moved (weights + activations + output).
+
+    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``."""
     x, packed, scale, _ = make_random(m, n, k, dtype, "cuda", group_size)
     w = repack(packed, scale, None, None, (n, k), 4, group_size)
-    ms = triton.testing.do_bench(lambda: w4a16_gemm(x, w))
+    ms = (timer or triton.testing.do_bench)(lambda: w4a16_gemm(x, w))
     nbytes = packed.numel() * 4 + scale.numel() * scale.element_size() + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}
 

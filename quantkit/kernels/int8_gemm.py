@@ -69,7 +69,7 @@ def _int8_gemm_kernel(
         if A_QUANT:
             acc += tl.dot(a, w)  # int8 x int8 -> int32: exact
         elif COMPUTE_F32:  # weight-only in the interpreter (no bf16 math) or with fp32 activations
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32))
+            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
         else:
             acc += tl.dot(a, w.to(a.dtype))
 
@@ -161,9 +161,9 @@ def make_random(m: int, n: int, k: int, dtype=torch.bfloat16, device="cuda", see
     return x.to(device), w.to(device), sw.to(device)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.bfloat16) -> dict:
-    """Time ``int8_gemm`` (activation quantization included) on CUDA."""
+def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None) -> dict:
+    """Time ``int8_gemm`` (activation quantization included) on CUDA; ``timer(fn) -> ms``."""
     x, w, sw = make_random(m, n, k, dtype)
-    ms = triton.testing.do_bench(lambda: int8_gemm(x, w, sw))
+    ms = (timer or triton.testing.do_bench)(lambda: int8_gemm(x, w, sw))
     nbytes = w.numel() + sw.numel() * 4 + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}
