@@ -1,34 +1,13 @@
-"""Shared fixtures: tiny random models saved as real HF folders, and the embedded SmolLM2."""
+"""Shared fixtures. Helpers live in model_factory.py (a unique module name: pytest puts this
+folder on sys.path, so tests anywhere under tests/ can import it)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-import torch
 
-torch.manual_seed(0)
-
-
-def make_llama_dir(path: Path, num_layers: int = 2, hidden: int = 64, intermediate: int = 128,
-                   heads: int = 4, kv_heads: int = 2, vocab: int = 256, tie: bool = True,
-                   seed: int = 0, arch: str = "llama") -> Path:
-    """Save a random-initialised causal LM (with a tokenizer-free config) to ``path``."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    cfg = cls(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-              num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-              max_position_embeddings=4096, tie_word_embeddings=tie)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    with torch.no_grad():  # larger-than-init weights so quantization error is visible
-        for n, p in model.named_parameters():
-            if p.ndim == 2:
-                p.normal_(0, 0.05)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
+from model_factory import make_llama_dir
 
 
 @pytest.fixture(scope="session")
@@ -41,8 +20,3 @@ def smollm2_dir() -> Path:
     from quantkit.models import default_model_dir
 
     return default_model_dir()
-
-
-def random_ids(n: int = 2, length: int = 24, vocab: int = 256, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (n, length), generator=g).tolist()

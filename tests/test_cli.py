@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_llama_dir
+from model_factory import make_llama_dir
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 

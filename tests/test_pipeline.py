@@ -11,7 +11,7 @@ from quantkit.formats.compressed_tensors import decompress_module
 from quantkit.modules import QuantLinear
 from quantkit.primitives import fake_quantize, quantize_weight
 
-from conftest import make_llama_dir, random_ids
+from model_factory import make_llama_dir, random_ids
 
 PRESET_RECIPES = {
     "W4A16": {"scheme": "W4A16", "group_size": 32},

@@ -1,0 +1,50 @@
+"""A tiny Llama and a byte-level BPE tokenizer trained on the shipped slices, built in
+seconds, plus the planted faults the verdict must catch."""
+from __future__ import annotations
+
+import copy
+import json
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from quantkit.evaluation.slices import eval_dir
+
+
+def tiny_tokenizer(vocab: int = 384) -> PreTrainedTokenizerFast:
+    texts = []
+    for p in sorted((eval_dir() / "slices").glob("*.jsonl")):
+        for line in open(p, encoding="utf-8"):
+            it = json.loads(line)
+            texts.append(it.get("text") or it.get("prompt") or it.get("question") or "")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<eos>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>")
+
+
+def tiny_model(vocab: int, seed: int = 0, max_pos: int = 4096) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_pos,
+                      initializer_range=0.2, tie_word_embeddings=False)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def fake_quant_linears(model, bits: int, only: str = "", group: int | None = None) -> LlamaForCausalLM:
+    """A copy whose decoder Linear weights are symmetric RTN fake-quantized (per channel or group)."""
+    m = copy.deepcopy(model)
+    qmax = 2 ** (bits - 1) - 1
+    with torch.no_grad():
+        for name, mod in m.named_modules():
+            if isinstance(mod, torch.nn.Linear) and ".layers." in name and only in name:
+                w = mod.weight
+                g = w.reshape(w.shape[0], -1, group) if group else w.reshape(w.shape[0], 1, -1)
+                scale = g.abs().amax(-1, keepdim=True).clamp_min(1e-8) / qmax
+                q = (g / scale).round().clamp(-qmax - 1, qmax) * scale
+                w.copy_(q.reshape_as(w))
+    return m
