@@ -122,3 +122,26 @@ def test_checkpoint_logits_triton_vs_torch(tmp_path, recipe, dtype):
     for ref, out_ in zip(logits["torch"], logits["triton"]):
         assert ref.dtype == dtype
         assert rel_err(out_, ref) < LOGIT_TOL[dtype], rel_err(out_, ref)
+
+
+@pytest.mark.skipif(DEVICE == "cuda", reason="checks the CPU error without the interpreter")
+def test_cpu_tensors_without_interpreter_fail_clearly():
+    """Without TRITON_INTERPRET the kernels are compiled for a GPU: CPU tensors get one clear line."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch\n"
+            "from quantkit.kernels import int4_gemm as k4, int8_gemm as k8\n"
+            "w = k4.repack(torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1), None, None, (8, 32))\n"
+            "for call in (lambda: k4.w4a16_gemm(torch.randn(2, 32), w),\n"
+            "             lambda: k8.int8_gemm(torch.randn(2, 32), torch.zeros(8, 32, dtype=torch.int8), torch.ones(8, 1))):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except ValueError as e:\n"
+            "        print('ERR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in res.stdout.splitlines() if line.startswith("ERR")]
+    assert len(lines) == 2, res.stdout + res.stderr
+    assert all("TRITON_INTERPRET=1" in line and "backend='torch'" in line for line in lines)

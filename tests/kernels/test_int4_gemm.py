@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
 from quantkit.formats.packing import pack_int32, unpack_int32
@@ -165,3 +167,19 @@ def test_errors_name_the_tensor():
         k4.w4a16_gemm(torch.randint(0, 3, (2, k)), w)
     with pytest.raises(ValueError, match="bias"):
         k4.w4a16_gemm(torch.randn(2, k).half(), w, torch.zeros(n + 1).half())
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(m=st.integers(1, 70), n=st.integers(1, 140), groups=st.integers(1, 4), group=st.sampled_from([32, 64, 128]),
+       sym=st.booleans(), act_order=st.booleans(),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]))
+def test_random_shapes(m, n, groups, group, sym, act_order, dtype):
+    """Random shapes (derandomized: the same draws every run), both launch paths."""
+    k = groups * group
+    t, (q, scale, zp, args) = make_weight(n, k, 4, group, sym, act_order, dtype, seed=m * n + k)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+    ref = k4.w4a16_reference(x, t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, group)
+    w = k4.repack(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
+        t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), 4, group)
+    out = k4.w4a16_gemm(x.to(DEVICE), w)
+    assert rel_err(out, ref) < REL_TOL[dtype]

@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel_testing import DEVICE, REL_TOL, rel_err
 from quantkit.kernels import act_quant, fp8_gemm, int8_gemm
@@ -150,3 +152,18 @@ def test_errors_name_the_tensor():
         int8_gemm.int8_gemm(x, wq, ws, bias=torch.zeros(3))
     with pytest.raises(ValueError, match="x: expected float16"):
         int8_gemm.int8_gemm(x.long(), wq, ws)
+
+
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(kind=st.sampled_from(["int8", "fp8"]), m=st.integers(1, 70), n=st.integers(1, 140), k=st.integers(1, 300),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]), per_channel=st.booleans(),
+       static=st.booleans())
+def test_random_shapes(kind, m, n, k, dtype, per_channel, static):
+    """Random shapes (derandomized: the same draws every run), any K."""
+    gemm, reference = GEMMS[kind]
+    wq, ws = make_weight(kind, n, k, per_channel, dtype, seed=m + n + k)
+    x = activations(m, k, dtype)
+    input_scale = torch.tensor([0.05]) if static else None
+    ref = reference(x, wq, ws, input_scale)
+    out = gemm(x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE), None if input_scale is None else input_scale.to(DEVICE))
+    assert rel_err(out, ref) < REL_TOL[dtype]
