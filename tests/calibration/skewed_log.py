@@ -37,12 +37,12 @@ def _row(task: str, rng: random.Random, units: dict[str, list[str]]) -> dict:
                              {"role": "assistant", "content": pick(lang, 1, 2)}]}
     if task == "code":
         return {"messages": [{"role": "user", "content": "Explain this code:\n```python\n"
-                              + "\n\n".join(rng.sample(code, rng.randint(1, 3))) + "\n```"}]}
+                              + "\n\n".join(rng.sample(code, rng.randint(1, 2))) + "\n```"}]}
     if task == "summarisation":
-        return {"prompt": "Summarise the following report in two sentences.\n\n" + pick(en, 3, 40) + "\n\nSummary:",
+        return {"prompt": "Summarise the following report in two sentences.\n\n" + pick(en, 2, 14) + "\n\nSummary:",
                 "completion": " " + pick(en, 1, 2)}
     if task == "qa_document":
-        return {"messages": [{"role": "user", "content": pick(en, 20, 90) + "\n\nBased on the text above, who "
+        return {"messages": [{"role": "user", "content": pick(en, 10, 45) + "\n\nBased on the text above, who "
                               "is responsible for the decision described?"}]}
     if task == "translation":
         return {"messages": [{"role": "user", "content": "Translate into Chinese:\n" + pick(en, 1, 4)}]}
