@@ -1,9 +1,10 @@
 """Fused activation quantization for the W8A8 kernels: one pass per token row.
 
-Per-token dynamic: ``scale = max(absmax(row) / LIMIT, 1e-12)``; static per-tensor: the stored
-``input_scale``. Codes are ``(x / scale)`` clamped to ``[-448, 448]`` and cast to float8_e4m3fn
-(LIMIT 448), or rounded half-to-even and clamped to ``[-128, 127]`` in int8 (LIMIT 127.5,
-the symmetric convention of ``quantkit.primitives.quantize_dynamic_per_token``).
+Per-token dynamic: ``scale = max(absmax(row) / LIMIT, MIN_SCALE)``; static per-tensor: the
+stored ``input_scale``. Codes are ``(x / scale)`` clamped to ``[-448, 448]`` and cast to
+float8_e4m3fn, or rounded half-to-even and clamped to ``[-128, 127]`` in int8. LIMIT and
+MIN_SCALE are vLLM's serving constants, as in the torch reference backend (``reference.py``):
+int8 127 and 1e-10, fp8 448 and 1 / (448 * 512).
 
 Example:
     >>> codes, scale = quantize_activations(x, "int8")            # per token
@@ -17,8 +18,8 @@ import triton
 import triton.language as tl
 
 FP8_MAX = 448.0
-INT8_LIMIT = 127.5  # (qmax - qmin) / 2 for 8 bits
-MIN_SCALE = 1e-12
+LIMIT = {"int8": 127.0, "fp8": FP8_MAX}
+MIN_SCALE = {"int8": 1e-10, "fp8": 1.0 / (FP8_MAX * 512.0)}
 BLOCK_COLS = 1024
 
 
@@ -49,7 +50,8 @@ def _round_to_e4m3(v):
 @triton.jit
 def _act_quant_kernel(
     x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm,
-    STATIC: tl.constexpr, INT8: tl.constexpr, LIMIT: tl.constexpr, BLOCK: tl.constexpr,
+    STATIC: tl.constexpr, INT8: tl.constexpr, LIMIT: tl.constexpr, MIN_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_xm
@@ -61,7 +63,7 @@ def _act_quant_kernel(
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, axis=0) / LIMIT, 1e-12)
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full((), LIMIT, tl.float32)), MIN_SCALE)
         tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
@@ -100,19 +102,18 @@ def quantize_activations(x: torch.Tensor, kind: str, input_scale: torch.Tensor |
     if m == 0:
         return codes, scale
     _act_quant_kernel[(m,)](x, codes, scale, k, x.stride(0), codes.stride(0),
-                            STATIC=input_scale is not None, INT8=int8,
-                            LIMIT=INT8_LIMIT if int8 else FP8_MAX, BLOCK=min(BLOCK_COLS, triton.next_power_of_2(k)))
+                            STATIC=input_scale is not None, INT8=int8, LIMIT=LIMIT[kind], MIN_SCALE=MIN_SCALE[kind],
+                            BLOCK=min(BLOCK_COLS, triton.next_power_of_2(k)))
     return codes, scale
 
 
 def quantize_activations_reference(x: torch.Tensor, kind: str, input_scale: torch.Tensor | None = None):
-    """The same in torch (matches ``quantkit.primitives.quantize_dynamic_per_token``)."""
+    """The same in torch (the torch reference backend's activation quantization)."""
     xf = x.float()
     if input_scale is not None:
         scale = input_scale.reshape(1).float()
     else:
-        limit = INT8_LIMIT if kind == "int8" else FP8_MAX
-        scale = torch.clamp(xf.abs().amax(dim=-1, keepdim=True) / limit, min=MIN_SCALE)
+        scale = torch.clamp(xf.abs().amax(dim=-1, keepdim=True) / LIMIT[kind], min=MIN_SCALE[kind])
     v = xf / scale
     if kind == "int8":
         return torch.round(v).clamp(-128, 127).to(torch.int8), scale
@@ -158,8 +159,7 @@ def activation_codes(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | No
     takes the scale from the whole tensor's absmax; static uses ``input_scale``.
     """
     if dynamic and strategy == "tensor":
-        limit = INT8_LIMIT if kind == "int8" else FP8_MAX
-        input_scale = torch.clamp(x2.abs().amax().float() / limit, min=MIN_SCALE).reshape(1)
+        input_scale = torch.clamp(x2.abs().amax().float() / LIMIT[kind], min=MIN_SCALE[kind]).reshape(1)
     elif dynamic and strategy != "token":
         raise ValueError(f"input_strategy: dynamic activations support 'token' or 'tensor', got {strategy!r}")
     elif not dynamic and input_scale is None:

@@ -1,13 +1,15 @@
 """FP8 and INT8 W8A8 kernels and the fused activation quantizer vs the torch references."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel_testing import DEVICE, REL_TOL, rel_err
-from quantkit.kernels import act_quant, fp8_gemm, int8_gemm
-from quantkit.primitives import quantize_dynamic_per_token, quantize_weight
+from quantkit.kernels import act_quant, fp8_gemm, int8_gemm, reference
+from quantkit.primitives import quantize_weight
 from quantkit.scheme import QuantArgs
 
 GEMMS = {"fp8": (fp8_gemm.fp8_gemm, fp8_gemm.fp8_gemm_reference),
@@ -31,14 +33,15 @@ def activations(m, k, dtype, seed=1):
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_activation_codes_equal_the_primitives(kind, dtype):
-    """The fused per-token kernel gives the spine's codes and scales bit for bit."""
+def test_activation_codes_equal_the_torch_backend(kind, dtype):
+    """The fused per-token kernel gives the torch backend's codes and scales bit for bit."""
     x = activations(13, 1500, dtype)  # more than one 1024-wide block per row
     x[4] = 0  # an all-zero token takes the minimum scale
     x[5, 7] = float(torch.finfo(dtype).max) / 4 if dtype != torch.float32 else 1e30
+    x[6] = 1e-9  # a tiny token: the scale floor decides
     codes, scale = act_quant.quantize_activations(x.to(DEVICE), kind)
-    args = QuantArgs(num_bits=8, type="float" if kind == "fp8" else "int", strategy="token", dynamic=True)
-    ref_codes, ref_scale = quantize_dynamic_per_token(x, args)
+    ref_codes, ref_scale = reference._act_codes(x, SimpleNamespace(input_scale=None), float_type=kind == "fp8")
+    assert torch.equal(act_quant.quantize_activations_reference(x, kind)[1], ref_scale)
     assert torch.equal(scale.cpu(), ref_scale)
     # equal values (the interpreter's cast writes -0.0 as +0.0, which no product can see)
     assert torch.equal(codes.cpu().float(), ref_codes.float())
@@ -47,7 +50,7 @@ def test_activation_codes_equal_the_primitives(kind, dtype):
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 def test_activation_codes_rounding_edges(kind):
     """Ties, binade carries (the interpreter's fp8 cast drops them) and subnormals."""
-    limit = 127.5 if kind == "int8" else 448.0
+    limit = act_quant.LIMIT[kind]
     vals = torch.tensor([limit, 0.5, 1.5, 2.5, -2.5, 127.9, 31.99, -7.97, 239.0, 447.0, 3e-3, -1.2e-3,
                          2.0**-6, 2.0**-6 - 2.0**-11, 0.0, 1e-8])
     x = vals.repeat(3, 1)
@@ -75,7 +78,7 @@ def test_matches_reference(kind, m, n, k, dtype, per_channel, static, bias):
     wq, ws = make_weight(kind, n, k, per_channel, dtype, seed=m)
     x = activations(m, k, dtype)
     b = torch.randn(n).to(dtype) if bias else None
-    input_scale = (x.float().abs().amax() / (448.0 if kind == "fp8" else 127.5)).reshape(1) if static else None
+    input_scale = (x.float().abs().amax() / act_quant.LIMIT[kind]).reshape(1) if static else None
     ref = reference(x, wq, ws, input_scale, b)
     out = gemm(x.to(DEVICE), wq.to(DEVICE), ws.to(DEVICE), None if input_scale is None else input_scale.to(DEVICE),
                None if b is None else b.to(DEVICE))
@@ -112,7 +115,7 @@ def test_weight_only_and_dynamic_tensor(kind):
     ref = reference(x, wq, ws, quantize_input=False)
     assert rel_err(out, ref) < REL_TOL[torch.float16]
     # dynamic per-tensor: one scale from the whole batch, same as a static scale of that value
-    scale = (x.float().abs().amax() / (448.0 if kind == "fp8" else 127.5)).reshape(1)
+    scale = (x.float().abs().amax() / act_quant.LIMIT[kind]).reshape(1)
     out = gemm(x, wq, ws, dynamic=True, strategy="tensor")
     assert rel_err(out, reference(x, wq, ws, scale)) < REL_TOL[torch.float16]
 
