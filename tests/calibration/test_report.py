@@ -1,0 +1,116 @@
+"""Acceptance item 3: the report renders and its figures match the manifest (checked
+structurally: tables parsed from the HTML, embedded plot series, decodable PNGs)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from html.parser import HTMLParser
+
+import pytest
+
+from quantkit.calibration import calibrate
+from quantkit.calibration.plots import figure_series
+
+
+class _Doc(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tables, self.images, self.data = {}, [], {}
+        self._table = self._row = self._cell = None
+        self._script = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "table":
+            self._table = self.tables.setdefault(a.get("class"), [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th") and self._row is not None:
+            self._cell = ""
+        elif tag == "img":
+            self.images.append(a["src"])
+        elif tag == "script" and a.get("class") == "figure-data":
+            self._script = a["data-figure"]
+            self.data[self._script] = ""
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self._row.append(self._cell)
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            self._table.append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        elif tag == "script":
+            self._script = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+        if self._script is not None:
+            self.data[self._script] += data
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, default_rows, tokenizer):
+    folder = tmp_path_factory.mktemp("report")
+    log = folder / "log.jsonl"
+    rows = default_rows[:400] + [{"messages": "oops"}]
+    log.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows) + "{bad\n")
+    res = calibrate(log, tokenizer, out=folder / "out", num_samples=64, max_len=1024, seed=3)
+    return res, folder / "out"
+
+
+def test_html_tables_match_manifest(run):
+    res, out = run
+    m = res.manifest
+    doc = _Doc()
+    doc.feed((out / "report.html").read_text(encoding="utf-8"))
+    cells = doc.tables["cells"][1:]
+    assert [(r[0], r[1], int(r[2]), int(r[4]), int(r[5])) for r in cells] == \
+        [(c["task"], c["bucket"], c["source_rows"], c["target"], c["selected"]) for c in m["cells"]]
+    counts = dict(doc.tables["counts"][1:])
+    assert counts["samples selected"] == str(m["counts"]["selected"]) == "64"
+    assert counts["rows read"] == "402" and counts["malformed (skipped)"] == "2"
+    assert {r[0]: int(r[1]) for r in doc.tables["malformed"][1:]} == {"bad_json": 1, "bad_messages": 1}
+    assert [r[0] for r in doc.tables["tasks"][1:]] == [t["name"] for t in m["tasks"]]
+
+
+def test_figures_are_pngs_of_the_manifest_series(run):
+    import matplotlib.image as mpimg
+
+    res, out = run
+    m = res.manifest
+    doc = _Doc()
+    doc.feed((out / "report.html").read_text(encoding="utf-8"))
+    assert {k: json.loads(v) for k, v in doc.data.items()} == figure_series(m)
+    tasks = json.loads(doc.data["tasks"])
+    assert tasks["sample"] == [round(100 * t["sample_share"], 4) for t in m["tasks"]]
+    hist = json.loads(doc.data["lengths"])
+    assert len(hist["labels"]) == len(m["length_histogram"]["edges"])
+    assert sum(m["length_histogram"]["sample"]) == m["counts"]["selected"]
+    assert len(doc.images) == 3
+    for src in doc.images:
+        assert src.startswith("data:image/png;base64,")
+        img = mpimg.imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
+        assert img.shape[0] > 200 and img.shape[1] > 400
+
+
+def test_json_and_markdown_carry_the_same_numbers(run):
+    res, out = run
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["cells"] == res.manifest["cells"] and rep["counts"] == res.manifest["counts"]
+    md = (out / "report.md").read_text()
+    for c in res.manifest["cells"]:
+        assert f"| {c['task']} | {c['bucket']} | {c['source_rows']} |" in md
+
+
+def test_reports_hold_no_calibration_text(run):
+    res, out = run
+    probes = [s["text"][-60:] for s in res.samples]
+    for name in ("report.md", "report.html", "report.json", "manifest.json"):
+        body = (out / name).read_text(encoding="utf-8")
+        assert not any(p in body for p in probes), name
