@@ -24,7 +24,8 @@ Window(start=4, end=8, score_from=1), Window(start=6, end=10, score_from=1)]
     """
     if max_len < 2:
         raise ValueError("max_len must be at least 2")
-    stride = stride or max(1, max_len // 2)
+    # windows must overlap by a token: a window's first token has no prediction inside it
+    stride = min(stride or max(1, max_len // 2), max_len - 1)
     windows, scored_to = [], 1  # next token index (in the text) that needs a score
     start = 0
     while scored_to < n_tokens:

@@ -48,3 +48,51 @@ def fake_quant_linears(model, bits: int, only: str = "", group: int | None = Non
                 q = (g / scale).round().clamp(-qmax - 1, qmax) * scale
                 w.copy_(q.reshape_as(w))
     return m
+
+
+# --- planted faults -------------------------------------------------------------------
+
+def scaled_layer(model, layer: int = 1, factor: float = 4.0) -> LlamaForCausalLM:
+    """One decoder layer's Linear weights scaled (as if its scales were written 4x too big)."""
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for mod in m.model.layers[layer].modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.weight.mul_(factor)
+    return m
+
+
+def mlp_at_2_bits(model, layer: int = 0) -> LlamaForCausalLM:
+    return fake_quant_linears(model, 2, only=f"layers.{layer}.mlp")
+
+
+def broken_past(model, position: int = 2048, noise: float = 1.0, seed: int = 0) -> LlamaForCausalLM:
+    """A copy whose first decoder layer adds noise to its output only at positions >= ``position``
+    (what a KV-cache or RoPE fault looks like: fine on short prompts, wrong deep in a document)."""
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    direction = torch.randn(m.config.hidden_size, generator=g) * noise
+
+    def hook(mod, args, kwargs, out):
+        pos = kwargs.get("position_ids")
+        hidden = out[0] if isinstance(out, tuple) else out
+        if pos is None:
+            return out
+        late = (pos >= position).unsqueeze(-1).to(hidden.dtype)
+        hidden = hidden + late * direction
+        return (hidden, *out[1:]) if isinstance(out, tuple) else hidden
+
+    m.model.layers[0].register_forward_hook(hook, with_kwargs=True)
+    return m
+
+
+def digits_scrambled(model, tokenizer, noise: float = 3.0, seed: int = 0) -> LlamaForCausalLM:
+    """Embedding rows of every token containing a digit perturbed: numbers come out wrong."""
+    m = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    vocab = tokenizer.get_vocab()
+    ids = [i for t, i in vocab.items() if any(c.isdigit() for c in tokenizer.convert_tokens_to_string([t]))]
+    with torch.no_grad():
+        emb = m.model.embed_tokens.weight
+        emb[ids] += torch.randn(len(ids), emb.shape[1], generator=g) * noise * emb.std()
+    return m

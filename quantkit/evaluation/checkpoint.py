@@ -1,0 +1,60 @@
+"""Paths -> models: the baseline from a model folder, the candidate through quantkit's
+packed inference path (``quantkit.load``) when the folder is a quantized checkpoint, and
+the per-module error the algorithm recorded in ``quantization_log.json``.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..errors import QuantkitError
+
+
+def resolve_dir(model: str | Path | None) -> Path:
+    if model in (None, "", "default"):
+        from ..models import default_model_dir
+        return default_model_dir()
+    path = Path(model)
+    if not (path / "config.json").exists():
+        raise QuantkitError(f"{path}: not a model folder (no config.json)")
+    return path
+
+
+def is_quantized(path: Path) -> bool:
+    try:
+        return "quantization_config" in json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise QuantkitError(f"{path / 'config.json'}: not JSON ({e.msg})") from None
+
+
+def load_model(path: Path, device: str = "cpu", backend: str | None = None):
+    """A transformers causal LM: QuantLinear modules for a quantized checkpoint, else fp32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if is_quantized(path):
+        from ..loader import load
+        return load(path, backend=backend, device=device).eval()
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+
+
+def load_tokenizer(*paths: Path):
+    from transformers import AutoTokenizer
+
+    for p in paths:
+        if (p / "tokenizer.json").exists() or (p / "tokenizer_config.json").exists():
+            return AutoTokenizer.from_pretrained(p)
+    raise QuantkitError(f"{paths[0]}: no tokenizer files (tokenizer.json)")
+
+
+def module_errors(ckpt: Path) -> dict[str, float] | None:
+    """SQNR (dB) per quantized module from the checkpoint's quantization log, if any."""
+    log = ckpt / "quantization_log.json"
+    if not log.exists():
+        return None
+    try:
+        modules = json.loads(log.read_text()).get("modules") or {}
+    except json.JSONDecodeError as e:
+        raise QuantkitError(f"{log}: not JSON ({e.msg})") from None
+    out = {name: float(s["sqnr_db"]) for name, s in modules.items() if isinstance(s, dict) and "sqnr_db" in s}
+    return out or None

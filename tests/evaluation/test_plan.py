@@ -1,0 +1,55 @@
+"""Acceptance 5: the plan matches a hand calculation."""
+import json
+
+from typer.testing import CliRunner
+
+from quantkit.evaluation.plan import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes
+
+LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                 vocab_size=128256, intermediate_size=14336, torch_dtype="bfloat16")
+
+
+def test_kv_bytes_hand_calculation():
+    per_tok = kv_bytes_per_token(32, 8, 128, 2)          # 2 x 32 x 8 x 128 x 2 bytes
+    assert per_tok == 128 * 1024                          # 128 KiB per token
+    assert per_tok * 8192 == 1 * GiB                      # 1 GiB per 8K-token request
+    assert 32 * per_tok * 8192 == 32 * GiB                # 32 GiB for 32 such requests
+    assert kv_bytes_per_token(32, 8, 128, 1) == 64 * 1024  # FP8 KV halves it
+
+
+def test_int4_weights_of_a_70b_model():
+    b = weight_bytes(70 * 10**9, 4)
+    assert b == 35 * 10**9                                # 35 GB
+    assert round(b / GiB, 1) == 32.6                      # 32.6 GiB, before scales/zero points
+
+
+def test_plan_from_config_and_concurrency():
+    fp = plan(LLAMA3_8B, "80GiB", 8192, weights="int4", kv="fp16", utilization=1.0)
+    assert fp.kv_bytes_per_token == 131072 and fp.kv_bytes_per_request == GiB
+    # params: decoder Linears 32 x (2*4096*4096 + 2*4096*1024 + 3*4096*14336) + embeddings + norms
+    quant = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336)
+    assert fp.params_quantizable == quant
+    assert fp.params_total == quant + 2 * 128256 * 4096 + 32 * 2 * 4096 + 4096
+    assert fp.weight_bytes_before == fp.params_total * 2
+    assert fp.weight_bytes_after == quant // 2 + (fp.params_total - quant) * 2
+    assert fp.scale_bytes == quant // 128 * 2
+    free = 80 * GiB - fp.weight_bytes_after - fp.scale_bytes
+    assert fp.concurrency == int(free // GiB)
+
+
+def test_parse_bytes():
+    assert parse_bytes("80GiB") == 80 * GiB and parse_bytes("24GB") == 24 * 10**9
+
+
+def test_plan_cli(tmp_path):
+    from quantkit.evaluation.cli import plan_command
+    import typer
+    app = typer.Typer()
+    app.command()(plan_command)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    r = CliRunner().invoke(app, [str(tmp_path), "--gpu-mem", "80GiB", "--max-len", "8192", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["kv_bytes_per_token"] == 131072 and d["kv_bytes_per_request"] == GiB
+    r = CliRunner().invoke(app, [str(tmp_path), "--kv", "fp7"])
+    assert r.exit_code == 2 and "--kv" in r.output
