@@ -90,7 +90,6 @@ def sentencepiece_model(gguf_path: Path) -> bytes:
     ts.pad_id = int(scalar("tokenizer.ggml.padding_token_id", 0))
     ts.split_digits = True
     ts.allow_whitespace_only_pieces = True
-    ts.remove_extra_whitespaces = False
     ns = proto.normalizer_spec
     ns.name = "identity"
     ns.add_dummy_prefix = bool(scalar("tokenizer.ggml.add_space_prefix", False))
@@ -110,13 +109,15 @@ def gemma3_model_dir() -> Path:
 
     path = gguf_file()
     tmp = CACHE / "gemma3-270m.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
-                                                 quantization_config=GgufConfig(dequantize=True))
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
+    if not (tmp / "model.safetensors").exists():  # the slow step (minutes): kept if a later one fails
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                     quantization_config=GgufConfig(dequantize=True))
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp, safe_serialization=True)
+        del model
 
     sp_path = tmp / "tokenizer.model"
     sp_path.write_bytes(sentencepiece_model(path))
