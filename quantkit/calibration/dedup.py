@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import unicodedata
 from typing import Sequence
 
@@ -22,11 +21,10 @@ import numpy as np
 SHINGLE = 5
 NUM_PERM = 64
 _MASK32 = np.uint64(0xFFFFFFFF)
-_WS = re.compile(r"\s+")
 
 
 def exact_key(text: str) -> bytes:
-    norm = _WS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+    norm = " ".join(unicodedata.normalize("NFKC", text).casefold().split())
     return hashlib.blake2b(norm.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
