@@ -173,6 +173,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     outer = [k for k in source.keys() if not k.startswith(layer_prefix)]
     for k in outer:
         writer.add(k, source.get(k))
+    writer.end_unit()
     hidden = args_per_layer = kwargs_per_layer = None
     if needs_data:
         outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
@@ -258,6 +259,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                 writer.add(f"{prefix}{pname}", source.get(f"{prefix}{pname}"))
         _dematerialize(layer)
         del results, targets, ctx
+        writer.end_unit()
+        source.release()
         gc.collect()
 
     ignore = _ignored_linears(model, recipe)

@@ -93,6 +93,10 @@ class SafetensorsSource:
         except Exception as e:
             raise QuantkitError(f"{f}: cannot read tensor '{name}' ({e})") from None
 
+    def release(self) -> None:
+        """Drop open file handles (and their memory maps) between layers."""
+        self._handles.clear()
+
     def nbytes(self, names: Iterable[str] | None = None) -> int:
         total = 0
         for f in sorted(set(self._where.values())):
@@ -125,6 +129,9 @@ class StateDictSource:
         if name not in self._sd:
             raise QuantkitError(f"model: tensor '{name}' is missing from the state dict")
         return self._sd[name].detach()
+
+    def release(self):
+        pass
 
     def nbytes(self, names=None):
         return sum(t.numel() * t.element_size() for k, t in self._sd.items() if names is None or k in names)

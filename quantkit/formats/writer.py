@@ -28,12 +28,16 @@ def prepare_output(out: Path, overwrite: bool) -> None:
 
 
 class ShardWriter:
-    def __init__(self, workdir: Path | None = None, max_shard_size: int = 2 * 1024**3):
+    def __init__(self, workdir: Path | None = None, max_shard_size: int = 2 * 1024**3,
+                 flush_bytes: int = 64 * 1024**2):
         base = Path(workdir) if workdir is not None else None
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
         self.tmp = Path(tempfile.mkdtemp(prefix=".quantkit-tmp-", dir=base))
         self.max_shard_size = max_shard_size
+        # Pending tensors are written out at the end of a unit (a layer) once they exceed
+        # this, so resident memory stays bounded whatever the model's depth.
+        self.flush_bytes = min(flush_bytes, max_shard_size)
         self._pending: dict[str, torch.Tensor] = {}
         self._pending_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []
@@ -47,6 +51,11 @@ class ShardWriter:
         self._pending[name] = t
         self._pending_bytes += n
         self.total_bytes += n
+
+    def end_unit(self) -> None:
+        """Called after each layer: write the pending shard if it is large enough."""
+        if self._pending_bytes >= self.flush_bytes:
+            self.flush()
 
     def flush(self) -> None:
         if not self._pending:
