@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,9 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
         >>> res.manifest["counts"]["selected"]                                 # doctest: +SKIP
         256
     """
-    cfg = replace(config or SamplerConfig(), **overrides) if overrides else (config or SamplerConfig())
+    cfg = config or SamplerConfig()
+    if overrides:
+        cfg = SamplerConfig.from_dict({**cfg.to_dict(), **overrides})
     path = Path(source) if source is not None else default_log_path()
     tok = resolve_tokenizer(tokenizer)
     raw = read_log(path)
@@ -73,6 +75,9 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     _check_malformed(path, raw, rows_read, len(rows), cfg)
     affixes = special_affixes(tok)
     pool = build_pool(rows, tok, cfg, affixes)
+    if not pool.rows:
+        raise QuantkitError(f"{path}: no rows left to sample ({pool.dropped_long} longer than max_len "
+                            f"{cfg.max_len} were dropped by long_policy 'drop')")
     selection = draw(pool, tok, cfg, affixes)
     samples = []
     for k, (i, ids) in enumerate(zip(selection.indices, selection.ids)):

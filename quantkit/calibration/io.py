@@ -105,6 +105,8 @@ def file_sha256(path: str | Path) -> str:
 
 
 def _read_jsonl(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, Any]]]:
+    if path.suffix.lower() == ".json" and _starts_with(path, b"["):
+        return _read_json_array(path, malformed)
     records = []
     with open(path, "rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
@@ -124,6 +126,26 @@ def _read_jsonl(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, A
                 malformed.add("not_an_object", lineno)
                 continue
             records.append((lineno, obj))
+    return records
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(prefix)
+
+
+def _read_json_array(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, Any]]]:
+    """A .json file holding one array of records; "line" numbers are 1-based array positions."""
+    try:
+        items = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise QuantkitError(f"{path}: not a readable JSON array ({type(exc).__name__})") from None
+    records = []
+    for i, obj in enumerate(items, start=1):
+        if isinstance(obj, dict):
+            records.append((i, obj))
+        else:
+            malformed.add("not_an_object", i)
     return records
 
 

@@ -28,3 +28,10 @@ def test_round_trip_with_version():
 def test_bad_keys_and_values_are_named(data, key):
     with pytest.raises(QuantkitError, match=key.replace(".", r"\.")):
         SamplerConfig.from_dict(data)
+
+
+def test_calibrate_rejects_unknown_overrides(tmp_path):
+    from quantkit.calibration import calibrate
+
+    with pytest.raises(QuantkitError, match="calibration.samples: unknown key"):
+        calibrate(tmp_path / "log.jsonl", object(), samples=3)

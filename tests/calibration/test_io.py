@@ -64,3 +64,11 @@ def test_unusable_paths_are_one_line_errors(tmp_path, name):
         (tmp_path / name).write_text("x")
     with pytest.raises(QuantkitError, match=name):
         read_log(tmp_path / name)
+
+
+def test_json_array_file(tmp_path):
+    path = tmp_path / "log.json"
+    path.write_text('[{"text": "a"}, 3, {"text": "b"}]')
+    log = read_log(path)
+    assert log.records == [(1, {"text": "a"}), (3, {"text": "b"})]
+    assert log.malformed.first_lines == {"not_an_object": [2]}
