@@ -27,6 +27,8 @@ _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
 ]
 CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": g}, num_warps=w, num_stages=s)
            for m, n, k, g, w, s in _CONFIGS]
+# the interpreter's fixed config; also for fp32 activations on a GPU (slow IEEE fp32 dots:
+# one config compiles in minutes, autotuning all of them would take far longer)
 INTERPRET_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4}
 _AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "A_QUANT", "PER_TOKEN", "PER_CHANNEL"]
 
@@ -120,7 +122,7 @@ def scaled_gemm(kernel, tuned, interpret_config, a: torch.Tensor, weight: torch.
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    if config is None and interpreted:
+    if config is None and (interpreted or compute_f32):
         config = interpret_config
     if config is not None:
         cfg = dict(config)

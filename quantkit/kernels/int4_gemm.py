@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..formats.packing import pack_int32, unpack_int32
 from .act_quant import check_runnable
 
 # -- configs ------------------------------------------------------------------------------
@@ -47,7 +48,8 @@ PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": 1, "GROUP_M": 8},
                   num_warps=w, num_stages=st) for m, n, k, w, st in _PREFILL]
 # Under TRITON_INTERPRET=1 every program runs in numpy: one fixed config per path, big
-# blocks so that small test shapes take few programs (docs: FACTS.md).
+# blocks so that small test shapes take few programs (docs: FACTS.md). fp32 activations on a
+# GPU use them too: IEEE fp32 dots compile slowly, autotuning them would take minutes.
 INTERPRET_DECODE = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2, "GROUP_M": 1}
 INTERPRET_PREFILL = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 4}
 _AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "group_size", "HAS_ZP", "HAS_GIDX"]
@@ -57,7 +59,7 @@ _AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "group_size", "HAS_ZP", "HAS_GIDX"]
 @triton.jit
 def _w4a16_kernel(
     x_ptr, qw_ptr, s_ptr, z_ptr, g_ptr, b_ptr, out_ptr,
-    M, N, K, group_size, M_BUCKET,
+    M, N, K, KW, group_size, M_BUCKET,
     stride_xm, stride_xk,
     stride_qk, stride_qn,  # word row (k // PACK), column n
     stride_sg, stride_sn,
@@ -100,10 +102,14 @@ def _w4a16_kernel(
         if COMPUTE_F32:  # fp32 activations, or bf16 under the interpreter (bf16 math is broken there)
             x = x.to(tl.float32)
         mask_kn = mask_k[:, None] & mask_n[None, :]
-        words = tl.load(qw_ptr + (offs_k[:, None] // PACK) * stride_qk + offs_n[None, :] * stride_qn,
-                        mask=mask_kn, other=0)
+        # each word once ([BLOCK_K / PACK, BLOCK_N], contiguous along N after repack), then
+        # split into its PACK codes: row w * PACK + j of the tile is code j of word row w
+        offs_w = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+        words = tl.load(qw_ptr + offs_w[:, None] * stride_qk + offs_n[None, :] * stride_qn,
+                        mask=(offs_w[:, None] < KW) & mask_n[None, :], other=0)
+        shifts = tl.arange(0, PACK) * BITS
         # codes stay offset by 2^(b-1); subtracting the (offset) zero point removes it
-        q = (words >> ((offs_k[:, None] % PACK) * BITS)) & MASK
+        q = tl.reshape((words[:, None, :] >> shifts[None, :, None]) & MASK, (BLOCK_K, BLOCK_N))
         if GROUP_TILE:
             # the whole K tile lies in one group: scale after the dot, on [BLOCK_N] only
             g = k0 // group_size
@@ -179,16 +185,22 @@ class W4Weights:
     out_features: int
     num_bits: int
     group_size: int               # K for channel / tensor scales
+    perm: torch.Tensor | None = None  # int64 [K]: x's columns in the weight's (group-sorted) order
 
 
 def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
            weight_g_idx: torch.Tensor | None, weight_shape, num_bits: int = 4, group_size: int | None = None,
-           contiguous: bool = True) -> W4Weights:
+           contiguous: bool = True, sort_groups: bool = True) -> W4Weights:
     """Check the on-disk tensors and return the kernel's view of them.
 
     ``contiguous=True`` copies the words to ``[K / PACK, N]`` with N contiguous and scales to
     ``[G, N]`` (one-time, at load); ``False`` returns transposed views of the on-disk
     tensors (no copy). Both give the same results: the kernel only sees strides.
+
+    With a ``g_idx`` whose groups all hold ``group_size`` columns (GPTQ act-order),
+    ``sort_groups`` (with ``contiguous``) reorders the weight's columns so that each group is
+    contiguous, and the kernel gathers ``x``'s columns in that order instead: the fast
+    one-group-per-tile path then serves act-order checkpoints too.
     """
     n, k = (int(v) for v in weight_shape)
     if num_bits not in (2, 4, 8):
@@ -224,10 +236,16 @@ def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_
         if g_idx.numel() and (int(g_idx.min()) < 0 or int(g_idx.max()) >= n_groups):
             raise ValueError(f"weight_g_idx: values must lie in [0, {n_groups}), "
                              f"got [{int(g_idx.min())}, {int(g_idx.max())}]")
+    perm = None
+    if g_idx is not None and contiguous and sort_groups and n_groups * group_size == k and \
+            bool((torch.bincount(g_idx.long(), minlength=n_groups) == group_size).all()):
+        perm = torch.argsort(g_idx.long(), stable=True)
+        codes = unpack_int32(weight_packed, num_bits, (n, k), dim=1)[:, perm]
+        weight_packed, g_idx = pack_int32(codes.contiguous(), num_bits, dim=1), None
     qweight, scale_t = weight_packed.t(), scale.t()
     if contiguous:
         qweight, scale_t = qweight.contiguous(), scale_t.contiguous()
-    return W4Weights(qweight, scale_t, weight_zero_point, g_idx, k, n, num_bits, int(group_size))
+    return W4Weights(qweight, scale_t, weight_zero_point, g_idx, k, n, num_bits, int(group_size), perm)
 
 
 # -- launch -------------------------------------------------------------------------------
@@ -261,12 +279,16 @@ def w4a16_gemm(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None = None,
     check_runnable(x, _w4a16_kernel)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, w.in_features)
-    if x2.stride(-1) != 1:
+    if w.perm is not None:
+        x2 = x2.index_select(1, w.perm)
+    elif x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, n, k = x2.shape[0], w.out_features, w.in_features
     out_dtype, compute_f32 = _launch_params(x)
     decode = m <= DECODE_MAX_M
-    if config is None and not (x.is_cuda if autotune is None else autotune):
+    if autotune is None:
+        autotune = x.is_cuda and not compute_f32
+    if config is None and not autotune:
         config = INTERPRET_DECODE if decode else INTERPRET_PREFILL
     split = config["SPLIT_K"] if config is not None else None
     atomic = decode if config is None else split > 1
@@ -279,7 +301,7 @@ def w4a16_gemm(x: torch.Tensor, w: W4Weights, bias: torch.Tensor | None = None,
     zp = w.zero_point if w.zero_point is not None else dummy
     args = (x2, w.qweight, w.scale, zp, w.g_idx if w.g_idx is not None else dummy,
             bias if bias is not None else dummy, out,
-            m, n, k, w.group_size, triton.next_power_of_2(m),
+            m, n, k, w.qweight.shape[0], w.group_size, triton.next_power_of_2(m),
             x2.stride(0), x2.stride(1), w.qweight.stride(0), w.qweight.stride(1),
             w.scale.stride(0), w.scale.stride(1),
             zp.stride(0) if w.zero_point is not None else 0, zp.stride(1) if w.zero_point is not None else 0,

@@ -59,13 +59,15 @@ def test_matches_reference(m, n, k, bits, group, sym, act_order, dtype, bias):
     truth = x.float() @ w_spine.t() + (b.float() if bias else 0)
     assert rel_err(ref, truth) < REL_TOL[dtype]
 
-    w = k4.repack(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
-        t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), bits, group)
-    out = k4.w4a16_gemm(x.to(DEVICE), w, None if b is None else b.to(DEVICE))
-    assert out.dtype == dtype and out.shape == (m, n)
-    assert rel_err(out, ref) < REL_TOL[dtype], rel_err(out, ref)
-    # elementwise: no single output is far off (one rounding of the largest value)
-    assert (out.double().cpu() - ref.double()).abs().max() <= 4 * REL_TOL[dtype] * ref.double().abs().max()
+    for sort_groups in (True, False) if act_order else (True,):  # act-order: sorted groups, and g_idx
+        w = k4.repack(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
+            t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), bits, group,
+            sort_groups=sort_groups)
+        out = k4.w4a16_gemm(x.to(DEVICE), w, None if b is None else b.to(DEVICE))
+        assert out.dtype == dtype and out.shape == (m, n)
+        assert rel_err(out, ref) < REL_TOL[dtype], rel_err(out, ref)
+        # elementwise: no single output is far off (one rounding of the largest value)
+        assert (out.double().cpu() - ref.double()).abs().max() <= 4 * REL_TOL[dtype] * ref.double().abs().max()
 
 
 def test_on_disk_layout_and_repack_agree():
@@ -75,9 +77,9 @@ def test_on_disk_layout_and_repack_agree():
     # the spine's packing is the compressed-tensors layout
     assert torch.equal(t["weight_packed"], pack_to_int32(q, 4))
     assert torch.equal(t["weight_zero_point"], pack_to_int32(zp, 4, packed_dim=0))
-    views = k4.repack(t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, 40,
-                      contiguous=False)
-    packed = k4.repack(t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, 40)
+    args = (t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, 40)
+    views = k4.repack(*args, contiguous=False)
+    packed = k4.repack(*args, sort_groups=False)
     assert views.qweight.data_ptr() == t["weight_packed"].data_ptr()  # no copy
     assert packed.qweight.is_contiguous() and packed.qweight.shape == (math.ceil(k / 8), n)
     # the repacked words hold the same codes, now packed along K in columns
@@ -85,6 +87,16 @@ def test_on_disk_layout_and_repack_agree():
     assert torch.equal(k4.unpack_codes(packed.qweight, 4, k, dim=0).t(), q)
     x = torch.randn(9, k).half()
     assert torch.equal(k4.w4a16_gemm(x, views), k4.w4a16_gemm(x, packed))
+    # act-order sorted into contiguous groups: column j of the sorted weight is column perm[j]
+    sorted_ = k4.repack(*args)
+    assert sorted_.g_idx is None and torch.equal(t["weight_g_idx"][sorted_.perm], torch.arange(k) // 40)
+    assert torch.equal(unpack_int32(sorted_.qweight.t().contiguous(), 4, (n, k), dim=1), q[:, sorted_.perm])
+    ref = k4.w4a16_reference(x, *args)
+    assert rel_err(k4.w4a16_gemm(x, sorted_), ref) < REL_TOL[torch.float16]
+    # unequal groups keep the g_idx path
+    uneven = t["weight_g_idx"].clone()
+    uneven[uneven == 0] = 1
+    assert k4.repack(t["weight_packed"], scale, t["weight_zero_point"], uneven, (n, k), 4, 40).perm is None
 
 
 def test_batched_input_and_empty():
