@@ -8,10 +8,14 @@ accumulation.
 
 The kernel addresses the weight as a ``[K/(32/b), N]`` word matrix through strides, so it
 runs on the on-disk tensor (a transposed view, no copy) or on the repacked copy
-``weight_packed.t().contiguous()`` whose columns are contiguous (coalesced loads on a GPU);
-``repack`` makes that copy once per layer. Two launch shapes: for ``M <= DECODE_MAX_M`` a
-16-row tile with split-K (partial sums atomically added into an fp32 buffer) so that a
-GEMV still fills the GPU; above it, large tiles without split-K.
+``weight_packed.t().contiguous()`` whose rows are contiguous along N (16-byte loads on a
+GPU); ``repack`` makes that copy once per layer, and sorts act-order columns into
+contiguous groups. Each K tile loads its words once and splits them into codes in registers.
+When a K tile lies inside one group, the scale multiplies the tile's dot product (exact
+integer codes in the dot); otherwise (``g_idx``, small groups) each code is scaled.
+Two launch shapes: for ``M <= DECODE_MAX_M`` a 16-row tile with split-K (partial sums
+atomically added into an fp32 buffer) so that a GEMV still fills the GPU; above it, large
+tiles without split-K.
 
 Example:
     >>> w = repack(weight_packed, scale, zero_point, g_idx, (N, K), num_bits=4, group_size=128)
@@ -21,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -386,43 +389,22 @@ def w4a16_linear(x: torch.Tensor, layer) -> torch.Tensor:
 # -- benchmark entry ----------------------------------------------------------------------
 def make_random(m: int, n: int, k: int, dtype=torch.float16, device="cuda", group_size: int = 128,
                 symmetric: bool = True, seed: int = 0):
-    """Random activations and pack-quantized tensors of the on-disk layout (for tests/benchmarks)."""
+    """Random activations and pack-quantized tensors of the on-disk layout (for benchmarks)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(m, k, generator=gen).to(dtype)
-    codes = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int32)
-    packed = _pack_rows(codes)
+    packed = pack_int32(torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8), 4, dim=1)
     n_groups = math.ceil(k / group_size)
     scale = (torch.rand(n, n_groups, generator=gen) * 0.02 + 0.005).to(dtype)
-    zp = None
-    if not symmetric:
-        zp = _pack_rows(torch.randint(0, 16, (n_groups, n), generator=gen, dtype=torch.int32)).t().contiguous()
-    return (x.to(device), packed.to(device), scale.to(device), None if zp is None else zp.to(device))
-
-
-def _pack_rows(codes_u: torch.Tensor) -> torch.Tensor:
-    """Pack unsigned 4-bit codes ``[R, C]`` along dim 1 into int32 ``[R, ceil(C / 8)]``."""
-    r, c = codes_u.shape
-    padded = torch.zeros(r, math.ceil(c / 8) * 8, dtype=torch.int64)
-    padded[:, :c] = codes_u
-    words = (padded.reshape(r, -1, 8) << (torch.arange(8) * 4)).sum(-1)
-    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    zp = None if symmetric else pack_int32(torch.randint(-8, 8, (n, n_groups), generator=gen, dtype=torch.int8), 4, dim=0)
+    return x.to(device), packed.to(device), scale.to(device), None if zp is None else zp.to(device)
 
 
 def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, timer=None) -> dict:
     """Time ``w4a16_gemm`` on CUDA: milliseconds and bytes moved (weights + activations + output).
 
-    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``."""
+    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernels.py`` runs it."""
     x, packed, scale, _ = make_random(m, n, k, dtype, "cuda", group_size)
     w = repack(packed, scale, None, None, (n, k), 4, group_size)
     ms = (timer or triton.testing.do_bench)(lambda: w4a16_gemm(x, w))
     nbytes = packed.numel() * 4 + scale.numel() * scale.element_size() + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}
-
-
-if __name__ == "__main__":  # quick self-check: python -m quantkit.kernels.int4_gemm (CUDA)
-    if not torch.cuda.is_available():
-        raise SystemExit("int4_gemm: needs CUDA (run the tests for the interpreter)")
-    t0 = time.perf_counter()
-    for m in (1, 16, 2048):
-        r = bench(m, 4096, 4096)
-        print(f"M={m:5d} 4096x4096: {r['ms']:.3f} ms, {r['bytes'] / r['ms'] / 1e9:.0f} GB/s")
