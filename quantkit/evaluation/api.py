@@ -65,9 +65,11 @@ def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: i
 
 def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar) -> tuple[dict, list, list]:
     pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
-    cap = (lambda xs: xs[:opt.max_items]) if opt.max_items else (lambda xs: xs)
+    def cap(xs: list, n: int | None) -> list:
+        return xs[:n] if n is not None else xs
+
     values, buckets, examples = {}, [], []
-    texts = cap(sl.of_kind("text"))
+    texts = cap(sl.of_kind("text"), opt.text_items)
     if texts:
         limit = max_len if sl.long_context else min(opt.item_tokens, max_len)
         encoded = [encode_text(tokenizer, it, limit) for it in texts]
@@ -88,12 +90,12 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
                                          "candidate": tokenizer.decode(worst["cand"])}
                                         if sl.public or show else {"prompt": HIDDEN})})
     bar.update(1)
-    mcs = cap(sl.of_kind("mc"))
+    mcs = cap(sl.of_kind("mc"), opt.mc_items)
     if mcs:
         s = mc_summary(mcs, multiple_choice(base, tokenizer, mcs, pad), multiple_choice(cand, tokenizer, mcs, pad))
         s["mc_accuracy_drop"] = s["mc_accuracy_base"] - s["mc_accuracy_cand"]
         values.update(s)
-    ext = cap(sl.of_kind("extract"))
+    ext = cap(sl.of_kind("extract"), opt.extract_items)
     if ext:
         rb = extraction(base, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
         rc = extraction(cand, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
@@ -105,7 +107,7 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
                       **({"prompt": it["prompt"], "baseline": a["output"], "candidate": b["output"]}
                          if sl.public or show else {"prompt": HIDDEN})}
                      for it, a, b in lost if b["f1"] < a["f1"]]
-    code = cap(sl.of_kind("code"))
+    code = cap(sl.of_kind("code"), opt.code_items)
     if code:
         rb = code_pass(base, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)
         rc = code_pass(cand, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)

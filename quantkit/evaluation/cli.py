@@ -46,12 +46,15 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     except TypeError as e:
         raise QuantkitError(f"eval.options: {e}") from None
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
+    from .slices import load_suite
+    suite = suite or section.get("suite") or "default"
+    load_suite(suite)  # fail on a bad slice name before loading any model
     max_len = int(max_len or section.get("max_len") or 4096)
     tok = load_tokenizer(cand_dir, base_dir)
     base = load_model(base_dir, device)
     cand = load_model(cand_dir, device)
     fp = _footprint(base_dir, cand_dir, gpu_mem, max_len, plan)
-    result = evaluate(base, cand, tok, suite=suite or section.get("suite") or "default", max_len=max_len,
+    result = evaluate(base, cand, tok, suite=suite, max_len=max_len,
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress,

@@ -155,6 +155,8 @@ def markdown(data: dict) -> str:
 # --- HTML ---------------------------------------------------------------------------------
 
 def _cell(value, path: str) -> str:
+    if value is None:
+        return "<td>–</td>"
     return f'<td data-path="{html.escape(path)}">{html.escape(fmt(value))}</td>'
 
 

@@ -15,7 +15,7 @@ private "business" slices, whose text stays out of reports unless asked for.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
@@ -48,17 +48,19 @@ class Slice:
 @dataclass
 class SuiteOptions:
     """How much of each slice to run; the defaults keep SmolLM2 under 10 minutes on 2 cores."""
-    max_items: int | None = None            # per kind per slice (None: all)
-    item_tokens: int = 256                  # short texts are cut to this many tokens
+    text_items: int | None = 12             # per slice (None: all)
+    mc_items: int | None = 48
+    extract_items: int | None = 12
+    code_items: int | None = 12
+    item_tokens: int = 192                  # short texts are cut to this many tokens
     gen_tokens: int = 32                    # greedy generation agreement over N tokens
-    gen_prompts: int = 8                    # prompts per slice for generation agreement
+    gen_prompts: int = 8                    # prompts per slice for generation agreement (0: none)
     prompt_tokens: int = 32                 # opening of a text used as generation prompt
     extract_tokens: int = 40
     code_tokens: int = 128
     code_timeout_s: float = 5.0
     batch_tokens: int = 2048                # padded tokens per teacher-forced batch
     gen_batch: int = 8
-    extra: dict = field(default_factory=dict)
 
 
 def _check_item(item: dict, where: str) -> None:

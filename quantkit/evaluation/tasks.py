@@ -7,6 +7,8 @@ import re
 import unicodedata
 from collections import Counter
 
+import torch
+
 from .code_exec import humaneval_program, run_program, truncate_completion
 from .models import forward_logits, greedy
 
@@ -20,16 +22,32 @@ def mc_prompt(item: dict) -> str:
 
 
 def multiple_choice(model, tokenizer, items: list[dict], pad: int, batch: int = 8) -> list[int]:
-    """Predicted choice per item: the letter (" A".." D") with the highest next-token logit."""
-    letter_ids = [tokenizer.encode(" " + l, add_special_tokens=False)[-1] for l in LETTERS]
+    """Predicted choice per item: the letter whose continuation (" A".." D") is most likely.
+
+    Scored like lm-eval's ``multiple_choice`` (sum of the continuation's log-probabilities);
+    when every letter is one token, one forward pass per question serves all four.
+    """
     preds = []
     for s in range(0, len(items), batch):
-        chunk = items[s:s + batch]
-        seqs = [tokenizer(mc_prompt(it))["input_ids"] for it in chunk]
-        logits = forward_logits(model, seqs, pad)
-        for row, seq in enumerate(seqs):
-            n = len(chunk[row]["choices"])
-            preds.append(int(logits[row, len(seq) - 1, letter_ids[:n]].argmax()))
+        seqs, options = [], []   # options: per item, (row, continuation, context length)
+        for it in items[s:s + batch]:
+            prompt = mc_prompt(it)
+            ctx = tokenizer(prompt)["input_ids"]
+            conts = [tokenizer(prompt + " " + LETTERS[i])["input_ids"][len(ctx):] for i in range(len(it["choices"]))]
+            if all(len(c) == 1 for c in conts):
+                seqs.append(ctx)
+                options.append([(len(seqs) - 1, c, len(ctx)) for c in conts])
+            else:
+                opts = []
+                for c in conts:
+                    seqs.append(ctx + c)
+                    opts.append((len(seqs) - 1, c, len(ctx)))
+                options.append(opts)
+        logp = torch.log_softmax(forward_logits(model, seqs, pad), dim=-1)
+        for opts in options:
+            # the logits at position n - 1 + k predict continuation token k
+            scores = [float(sum(logp[row, n - 1 + k, t] for k, t in enumerate(c))) for row, c, n in opts]
+            preds.append(max(range(len(scores)), key=scores.__getitem__))
     return preds
 
 

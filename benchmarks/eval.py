@@ -1,0 +1,70 @@
+"""Benchmark: the default evaluation suite, baseline + candidate, on SmolLM2-135M (CPU).
+
+    python benchmarks/eval.py --candidate out/smollm2-w8a16 [--candidate ...] [--runs 3]
+        [--baseline DIR] [--max-len 4096] [--reports DIR] [--json results.json]
+
+For each candidate: wall time of ``evaluate`` (models already loaded; loading is timed
+apart), the verdict, and the slice table. Prints one JSON document at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", default=None, help="model folder (default: the embedded SmolLM2)")
+    ap.add_argument("--candidate", action="append", required=True)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--max-len", type=int, default=4096)
+    ap.add_argument("--reports", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    from quantkit.evaluation import evaluate
+    from quantkit.evaluation.checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
+
+    base_dir = resolve_dir(args.baseline)
+    t = time.perf_counter()
+    base = load_model(base_dir)
+    tok = load_tokenizer(base_dir)
+    out = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                       "platform": platform.platform(), "torch": torch.__version__},
+           "baseline": str(base_dir), "baseline_load_s": time.perf_counter() - t, "candidates": {}}
+    for cand_path in args.candidate:
+        cdir = resolve_dir(cand_path)
+        t = time.perf_counter()
+        cand = load_model(cdir)
+        load_s = time.perf_counter() - t
+        runs, loads = [], []
+        for _ in range(args.runs):
+            loads.append(os.getloadavg()[0])
+            t = time.perf_counter()
+            result = evaluate(base, cand, tok, max_len=args.max_len, module_errors=module_errors(cdir),
+                              meta={"baseline": str(base_dir), "candidate": str(cdir)}, progress=False)
+            runs.append(time.perf_counter() - t)
+        if args.reports:
+            result.save(args.reports / cdir.name)
+        out["candidates"][cdir.name] = {
+            "load_s": load_s, "eval_s_runs": runs, "eval_s_median": statistics.median(runs),
+            "load_average_1min_at_start": loads, "decision": result.decision,
+            "seconds_per_slice": result.meta["seconds_per_slice"],
+            "reasons": [r.text() + f" ({r.level})" for r in result.verdict.reasons],
+            "slices": {k: {m: v for m, v in vals.items() if isinstance(v, float)} for k, vals in result.slices.items()},
+        }
+        print(json.dumps({cdir.name: out["candidates"][cdir.name]}, indent=1), flush=True)
+        del cand
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""`quantkit eval` end to end on a tiny model: the candidate is a real quantkit checkpoint
+(W8A16, packed, loaded as QuantLinear modules)."""
+import json
+
+import pytest
+import typer
+import yaml
+from conftest import TINY_THRESHOLDS
+from typer.testing import CliRunner
+
+import quantkit
+from quantkit.evaluation.cli import eval_command, evaluate_checkpoint
+from quantkit.recipe import load_recipe
+
+# two texts of a random model: a handful of focus tokens, so a looser focus top-1 limit
+EVAL = {"suite": "numbers-en,long-en", "max_len": 384,
+        "thresholds": {**TINY_THRESHOLDS, "focus_top1_agreement": {"review": 0.5, "nogo": 0.3}},
+        "options": {"text_items": 2, "extract_items": 2, "gen_prompts": 2, "gen_tokens": 4,
+                    "extract_tokens": 4, "item_tokens": 64}}
+
+
+@pytest.fixture(scope="module")
+def folders(base, tok, tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    base.save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    q = quantkit.quantize(str(root / "base"), "w8a16")
+    q.save(root / "w8a16")
+    recipe = root / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": EVAL}))
+    return root
+
+
+def app():
+    a = typer.Typer()
+    a.command()(eval_command)
+    return a
+
+
+def test_eval_command_writes_the_report(folders):
+    out = folders / "report"
+    r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
+                                   "--recipe", str(folders / "recipe.yaml"), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "report.json").read_text())
+    assert r.stdout.startswith(data["decision"])
+    assert data["decision"] == "GO", data["verdict"]["reasons"]
+    assert set(data["slices"]) == {"numbers-en", "long-en"} and data["meta"]["max_len"] == 384
+    assert data["module_errors"] and all(v > 30 for v in data["module_errors"].values())  # 8-bit SQNR, dB
+    assert data["footprint"]["weights_after"] == "int8"
+
+
+def test_evaluate_checkpoint_uses_the_recipe_eval_section(folders):
+    out = evaluate_checkpoint(str(folders / "base"), folders / "w8a16", load_recipe(folders / "recipe.yaml"))
+    assert out == folders / "w8a16" / "eval"
+    assert json.loads((out / "report.json").read_text())["meta"]["suite"] == ["numbers-en", "long-en"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--candidate", "/nonexistent/ckpt"], "/nonexistent/ckpt: not a model folder"),
+    (["--suite", "numbers-xx"], "--suite: unknown slice 'numbers-xx'"),
+])
+def test_bad_input_is_one_line_exit_2(folders, args, message):
+    full = ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"), *args]
+    r = CliRunner().invoke(app(), full)
+    assert r.exit_code == 2 and message in r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [r.stderr.splitlines()[-1]]
+
+
+def test_unknown_eval_key_in_recipe(folders, tmp_path):
+    bad = tmp_path / "r.yaml"
+    bad.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": {"tresholds": {}}}))
+    r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
+                                   "--recipe", str(bad)])
+    assert r.exit_code == 2 and "eval.tresholds: unknown key" in r.output

@@ -1,0 +1,124 @@
+"""Acceptance 4: the HTML renders with its plots and its numbers equal the JSON's."""
+import base64
+import io
+import json
+from html.parser import HTMLParser
+
+import matplotlib.image
+import pytest
+from conftest import FAST, TINY_THRESHOLDS, _take
+from tiny import broken_past, fake_quant_linears
+
+from quantkit.evaluation import evaluate, load_suite
+from quantkit.evaluation.api import HIDDEN
+from quantkit.evaluation.slices import Slice
+
+
+class Cells(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.cells, self.images, self._path, self._text = {}, [], None, ""
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-path" in a:
+            self._path, self._text = a["data-path"], ""
+        if tag == "img":
+            self.images.append(a)
+
+    def handle_data(self, data):
+        if self._path is not None:
+            self._text += data
+
+    def handle_endtag(self, tag):
+        if self._path is not None and tag in ("td", "span"):
+            self.cells[self._path] = self._text
+            self._path = None
+
+
+def lookup(data, path):
+    for part in path.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+@pytest.fixture(scope="module")
+def saved(base, tok, tmp_path_factory):
+    suite = [_take(s, 3) for s in load_suite("numbers-en,code-en,long-en")]
+    suite.append(Slice("business:support", [{"id": "r1", "kind": "text",
+                                             "text": "Customer ACME-7731 asked for a refund of 4,250 yuan on order 88-123."}],
+                       public=False))
+    # a little error everywhere (4-bit) and a lot past position 1024
+    cand = broken_past(fake_quant_linears(base, 4, group=32), 1024, 3.0)
+    r = evaluate(base, cand, tok, suite=suite, max_len=1536, thresholds=TINY_THRESHOLDS,
+                 options=FAST, progress=False, module_errors={"model.layers.0.mlp.up_proj": 31.5,
+                                                              "model.layers.1.mlp.up_proj": 12.25},
+                 footprint={"kv_bytes_per_token": 4096, "concurrency": 3},
+                 meta={"baseline": "tiny", "candidate": "tiny-broken"})
+    out = r.save(tmp_path_factory.mktemp("rep") / "eval")
+    return r, out
+
+
+def test_html_numbers_equal_the_json(saved):
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    p = Cells()
+    p.feed((out / "report.html").read_text())
+    assert len(p.cells) > 40
+    for path, text in p.cells.items():
+        value = lookup(data, path)
+        assert float(text) == value, (path, text, value)
+    # every slice measure of the JSON shows up in the HTML table
+    for name, vals in data["slices"].items():
+        for m in ("kl_mean", "top1_agreement", "ppl_base"):
+            if vals.get(m) is not None:
+                assert f"slices.{name}.{m}" in p.cells
+
+
+def test_html_is_self_contained_with_its_plots(saved):
+    _, out = saved
+    html = (out / "report.html").read_text()
+    p = Cells()
+    p.feed(html)
+    alts = {i["alt"] for i in p.images}
+    assert alts == {"per-slice measures", "KL by position", "per-module error"}
+    for img in p.images:
+        assert img["src"].startswith("data:image/png;base64,")
+        png = base64.b64decode(img["src"].split(",", 1)[1])
+        pixels = matplotlib.image.imread(io.BytesIO(png), format="png")
+        assert pixels.shape[0] > 150 and pixels.shape[1] > 300 and pixels.std() > 0.01  # not blank
+    assert "http://" not in html and "https://" not in html and "<script" not in html
+
+
+def test_markdown_and_json_agree_on_the_verdict(saved):
+    r, out = saved
+    data = json.loads((out / "report.json").read_text())
+    md = (out / "report.md").read_text()
+    assert data["decision"] == r.decision == "NO-GO"
+    assert md.startswith(f"# quantkit evaluation: **{r.decision}**")
+    for reason in data["verdict"]["reasons"]:
+        assert reason["text"] in md
+    assert data["kl_by_position"]["long-en"][-1]["kl_mean"] > 0.2
+
+
+def test_business_text_stays_out_unless_asked(saved, base, tok, tmp_path):
+    r, out = saved
+    assert r.verdict.slices["business:support"] != "GO"
+    for f in ("report.json", "report.md", "report.html"):
+        text = (out / f).read_text()
+        assert "ACME-7731" not in text and "refund" not in text
+    assert HIDDEN in (out / "report.md").read_text()
+    shown = evaluate(base, broken_past(base, 8, 3.0), tok,
+                     suite=[Slice("business:support", [{"id": "r1", "kind": "text",
+                                                         "text": "Customer ACME-7731 asked for a refund."}], public=False)],
+                     max_len=64, options=FAST, progress=False, show_samples=True)
+    assert "ACME" in json.dumps(shown.to_json())
+
+
+def test_save_replaces_atomically(saved, tmp_path):
+    r, _ = saved
+    out = r.save(tmp_path / "rep")
+    (out / "stale.txt").write_text("x")
+    r.save(tmp_path / "rep")
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["report.html", "report.json", "report.md"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
