@@ -105,7 +105,11 @@ def gemma3_model_dir() -> Path:
         return target
     import sentencepiece as spm
     import torch
+    from sentencepiece import sentencepiece_model_pb2 as spm_pb2
+    from tokenizers import AddedToken
+    from tokenizers.models import BPE
     from transformers import AutoModelForCausalLM, GemmaTokenizerFast, GgufConfig
+    from transformers.convert_slow_tokenizer import SentencePieceExtractor
 
     path = gguf_file()
     tmp = CACHE / "gemma3-270m.tmp"
@@ -121,9 +125,17 @@ def gemma3_model_dir() -> Path:
 
     sp_path = tmp / "tokenizer.model"
     sp_path.write_bytes(sentencepiece_model(path))
-    tok = GemmaTokenizerFast(vocab_file=str(sp_path), add_bos_token=True, add_eos_token=False)
+    pieces = SentencePieceExtractor(str(sp_path)).extract(BPE)
+    tok = GemmaTokenizerFast(vocab=pieces["vocab"], merges=pieces["merges"], add_bos_token=True, add_eos_token=False)
+    # sentencepiece matches user-defined pieces (HTML tags, newline runs) atomically, on the
+    # normalized text: pieces holding a raw space can never match there, so they are left out.
+    proto = spm_pb2.ModelProto()
+    proto.ParseFromString(sp_path.read_bytes())
+    tok.add_tokens([AddedToken(p.piece, normalized=False, special=False)
+                    for p in proto.pieces if p.type == spm_pb2.ModelProto.SentencePiece.USER_DEFINED and " " not in p.piece])
     check_tokenizer(tok, spm.SentencePieceProcessor(model_file=str(sp_path)))
     tok.save_pretrained(tmp)
+    sp_path.unlink()
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
     return target
@@ -133,7 +145,10 @@ def check_tokenizer(tok, sp) -> None:
     """The transformers tokenizer must split real text exactly as sentencepiece does."""
     import pydoc_data.topics as topics
 
-    texts = [topics.topics[k][:2000] for k in sorted(topics.topics)[:40]]
+    texts = [topics.topics[k][:3000] for k in sorted(topics.topics)]
+    lee = CACHE / "lee_background.cor"
+    if lee.exists():
+        texts += lee.read_text(encoding="utf-8").split("\n")
     texts += ["Hello world", "  two  spaces\tand a tab\n", "12345 digits", "naïve café 東京 🙂"]
     for t in texts:
         ours = tok(t, add_special_tokens=False)["input_ids"]

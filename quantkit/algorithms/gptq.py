@@ -420,7 +420,10 @@ class GPTQ(Algorithm):
             the layer fails with an error (never a silent fall back to rounding).
         true_sequential: quantize the layer's sub-groups (attention inputs, attention
             output, MLP inputs, MLP output) one after another, re-running the layer so each
-            sub-group's Hessian sees the already-quantized earlier ones; else one pass.
+            sub-group's Hessian sees the already-quantized earlier ones. Off by default:
+            each re-run is a full pass over the calibration set (five passes per layer
+            instead of two, counting the pipeline's), and the layer's output is already
+            propagated quantized to the next layer either way.
         static_groups: group qparams from the original weight before the solve, instead of
             from the error-updated columns when the solve reaches each group.
         offload_hessians: keep Hessians on the CPU between accumulation and solve.
@@ -431,7 +434,7 @@ class GPTQ(Algorithm):
     block_size: int = 128
     dampening_frac: float = 0.01
     max_damping_retries: int = 5
-    true_sequential: bool = True
+    true_sequential: bool = False
     static_groups: bool = False
     offload_hessians: bool = False
 
