@@ -49,3 +49,17 @@ def test_business_slices_group_by_task_and_are_private(tmp_path):
     log.write_text('{"other": 1}\n')
     with pytest.raises(QuantkitError, match=r"log.jsonl:1: row has no 'text'"):
         business_slices(log)
+
+
+def test_evaluation_text_is_disjoint_from_the_calibration_set():
+    calib = eval_dir().parent / "calibration" / "default.jsonl"
+    if not calib.exists():
+        pytest.skip("no shipped calibration set")
+    text = calib.read_text(encoding="utf-8")
+    blob = json.dumps([json.loads(line) for line in text.splitlines() if line.strip()], ensure_ascii=False)
+    for s in load_suite("default"):
+        for it in s.items:
+            probe = it.get("text") or it.get("question") or it.get("prompt")
+            probe = probe.strip()[:80]
+            if len(probe) >= 40:
+                assert json.dumps(probe, ensure_ascii=False)[1:-1] not in blob, (s.name, it["id"])
