@@ -37,7 +37,9 @@ def make_weight(n, k, bits=4, group_size=64, symmetric=True, act_order=False, dt
 CASES = [  # m, n, k, bits, group, symmetric, act_order, dtype, bias
     (1, 96, 256, 4, 64, True, False, torch.float16, False),     # GEMV, tiles inside groups
     (1, 130, 320, 4, 32, False, False, torch.float16, True),    # asym, group < BLOCK_K, bias
-    (5, 72, 200, 4, 40, True, True, torch.bfloat16, False),     # g_idx, K not a multiple of 8
+    (5, 72, 200, 4, 40, True, True, torch.bfloat16, False),     # g_idx, group not a power of 2
+    (4, 50, 100, 4, None, False, False, torch.float16, False),  # channel-wise asym, K % 8 != 0
+    (9, 40, 60, 4, 20, True, True, torch.bfloat16, True),       # K % 8 != 0, last word partial, g_idx
     (16, 64, 384, 4, 128, False, True, torch.float16, False),   # largest decode M, g_idx + asym
     (17, 100, 256, 4, 64, False, False, torch.bfloat16, True),  # smallest prefill M
     (40, 64, 192, 4, None, True, False, torch.float32, False),  # channel-wise, fp32
