@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from ..errors import QuantkitError
+
 from .forced import encode_text, run_forced
 from .generation import generation_agreement
 from .models import pad_id
@@ -132,6 +134,9 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     ('GO', PosixPath('ckpt/eval'))
     """
     opt = options or SuiteOptions()
+    limit = getattr(getattr(baseline, "config", None), "max_position_embeddings", None)
+    if limit and max_len > limit:
+        raise QuantkitError(f"--max-len: {max_len} exceeds the model's max_position_embeddings ({limit})")
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
     slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
     if calibration_log:

@@ -59,3 +59,9 @@ def test_digit_fault_names_the_number_slice(base, tok, suite):
                for x in r.verdict.reasons)
     # the numbers slice's digits are where it hurts most
     assert r.slices["numbers-en"]["focus_kl_mean"] > 3 * r.slices["names-zh"].get("focus_kl_mean", 0)
+
+
+def test_max_len_beyond_the_model_is_refused(base, tok, suite):
+    from quantkit.errors import QuantkitError
+    with pytest.raises(QuantkitError, match="--max-len: 8192 exceeds the model's max_position_embeddings"):
+        evaluate(base, base, tok, suite=suite, max_len=8192, progress=False)
