@@ -45,7 +45,7 @@ TASK_ALIASES = {
     "mathematics": "math", "arithmetic": "math", "conversation": "chat", "dialogue": "chat",
 }
 
-INSPECT_CHARS = 6000  # rules look at the head and tail of long instructions only (speed)
+INSPECT_CHARS = 4000  # content rules look at the head and tail of long instructions only (speed)
 DOCUMENT_CHARS = 1500
 ASK_CHARS = 400  # where the question around an attached document is looked for (head or tail)
 
@@ -65,12 +65,11 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
         r"\bclassif(y|ied|ication)\b|\bcategori[sz]e\b|\bsentiment\b|\bpositive or negative\b"
         r"|\bwhich (category|class|label)\b|分类|情感|正面还是负面|类别", _I)),
 )
-_CODE_FENCE = re.compile(r"```")
 _CODE_LINE = re.compile(
     r"^\s*(def |class |import |from \S+ import |#include|public |private |function |const |let "
     r"|var |return\b|if \(|for \(|}\s*$|@\w+)", re.MULTILINE)
 _CODE_ASK = re.compile(
-    r"\b(write|implement|debug|fix|refactor|optimi[sz]e)\b.{0,40}\b(function|code|script|class|"
+    r"\b(write|implement|debug|fix|refactor|optimi[sz]e)\b.{0,40}?\b(function|code|script|class|"
     r"program|query|regex)\b|写(一个|一段)?(函数|程序|代码|脚本)|(这段|以下|下面的?)代码", _I)
 _QUESTION = re.compile(r"[?？]|\b(what|who|when|where|why|how|which)\b|根据|是什么|为什么|哪", _I)
 _MATH_ASK = re.compile(
@@ -79,10 +78,10 @@ _MATH_ASK = re.compile(
     r"|计算|求解|方程", _I)
 _MATH_NOTATION = re.compile(r"\\frac|\$[^$\n]{1,80}\$|\b[a-z]\s*[=<>≤≥]\s*-?\d|\b[a-z]\^\d|\^\{")
 _ARITHMETIC = re.compile(r"\d\s*[-+*/×÷^=]\s*\d")
-_DIGIT = re.compile(r"\d")
+_DIGITS = re.compile(r"\d+")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _YEAR = re.compile(r"1[89]\d\d|20\d\d")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
 
 
 def normalise_task(label: str) -> str:
@@ -98,11 +97,11 @@ def infer_task(instruction: str, shape: str) -> str:
             return task
     text = instruction if len(instruction) <= INSPECT_CHARS else \
         instruction[: INSPECT_CHARS // 2] + "\n" + instruction[-INSPECT_CHARS // 2:]
-    if _CODE_FENCE.search(text) or _CODE_ASK.search(ask):
+    if "```" in text or _CODE_ASK.search(ask):
         return "code"
     if long and shape != "text" and _QUESTION.search(ask):
         return "qa_document"
-    if len(_CODE_LINE.findall(text)) >= 3:
+    if _at_least(_CODE_LINE.finditer(text), 3):
         return "code"
     if _MATH_ASK.search(ask) or _MATH_NOTATION.search(text) or _is_numeric(text):
         return "math"
@@ -111,13 +110,24 @@ def infer_task(instruction: str, shape: str) -> str:
 
 def _weighted_len(text: str) -> int:
     # A CJK character carries about as much as three Latin ones (and tokenises to more tokens).
-    head = text[:DOCUMENT_CHARS]
-    return len(text) + 2 * len(_CJK.findall(head))
+    if len(text) >= DOCUMENT_CHARS:
+        return len(text)
+    return len(text) + 2 * sum(map(len, _CJK.findall(text)))
+
+
+def _at_least(matches, k: int) -> bool:
+    for i, _ in enumerate(matches, start=1):
+        if i >= k:
+            return True
+    return False
 
 
 def _is_numeric(text: str) -> bool:
-    quantities = [n for n in _NUMBER.findall(text) if not _YEAR.fullmatch(n)]
+    numbers = _NUMBER.findall(text)
+    if not numbers:
+        return False
+    quantities = [n for n in numbers if not _YEAR.fullmatch(n)]
     if len(quantities) >= 3 and _QUESTION.search(text):
         return True
-    digits = len(_DIGIT.findall(text))
+    digits = sum(map(len, _DIGITS.findall(text)))
     return digits >= 0.08 * max(len(text), 1) and _ARITHMETIC.search(text) is not None
