@@ -57,6 +57,8 @@ def main() -> None:
             "load_s": load_s, "eval_s_runs": runs, "eval_s_median": statistics.median(runs),
             "load_average_1min_at_start": loads, "decision": result.decision,
             "seconds_per_slice": result.meta["seconds_per_slice"],
+            "cpu_seconds_total": result.meta["cpu_seconds_total"],
+            "cpu_seconds_per_slice": result.meta["cpu_seconds_per_slice"],
             "reasons": [r.text() + f" ({r.level})" for r in result.verdict.reasons],
             "slices": {k: {m: v for m, v in vals.items() if isinstance(v, float)} for k, vals in result.slices.items()},
         }
