@@ -163,7 +163,8 @@ def worker_quantkit(spec: dict) -> dict:
         mods = log["modules"].values()
         if spec["algorithm"] == "gptq":
             out["damping_retries"] = sum(m.get("damping_retries", 0) for m in mods)
-            out["loss_vs_rtn_mean"] = sum(m["loss_vs_rtn"] for m in mods) / len(mods)
+            ratios = [m["loss_vs_rtn"] for m in mods if m.get("loss_vs_rtn") is not None]
+            out["loss_vs_rtn_mean"] = sum(ratios) / max(len(ratios), 1)
         model = q.load()
     out["perplexity"] = perplexity(model, spec["eval"], spec["bos"])
     return out
@@ -227,6 +228,7 @@ def main() -> None:
     ap.add_argument("--llmc-python", default=str(ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200, help="seconds per subprocess")
     ap.add_argument("--json", help="write all figures to this file")
+    ap.add_argument("--only", help="comma-separated run labels to do (e.g. fp32,quantkit-rtn,llmc-gptq)")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
 
@@ -251,7 +253,11 @@ def main() -> None:
 
     runs: dict[str, dict] = {}
 
+    only = set(a.only.split(",")) if a.only else None
+
     def run(label: str, kind: str, python: str = sys.executable, **extra) -> None:
+        if only is not None and label not in only:
+            return
         print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
         runs[label] = run_worker(python, kind, {**base, **extra}, a.timeout)
         print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(runs[label])[:400]}", file=sys.stderr, flush=True)

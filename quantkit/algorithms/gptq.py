@@ -96,7 +96,9 @@ def inverse_hessian_factor(H: torch.Tensor, dampening_frac: float, max_retries: 
     # With no damping requested, pivots below round-off level (n * eps * mean) count as zero.
     floor = n * torch.finfo(H.dtype).eps
     damping = float(dampening_frac)
+    tried: list[float] = []
     for attempt in range(max_retries + 1):
+        tried.append(damping)
         Hd = H.clone()
         Hd.diagonal().add_(damping * mean_diag)
         L, info = torch.linalg.cholesky_ex(Hd)
@@ -112,7 +114,7 @@ def inverse_hessian_factor(H: torch.Tensor, dampening_frac: float, max_retries: 
         damping = max(damping * _DAMPING_GROWTH, _FIRST_RETRY_DAMPING)
     raise QuantkitError(
         f"dampening_frac: Hessian not positive definite even with {max_retries} damping retries "
-        f"(last tried {damping / _DAMPING_GROWTH:g}); check the calibration data or raise max_damping_retries"
+        f"(tried {', '.join(f'{d:g}' for d in tried)}); check the calibration data or raise max_damping_retries"
     )
 
 
@@ -136,7 +138,8 @@ class GPTQResult:
     dead_columns: int
 
 
-def _column_groups(cols: int, args: QuantArgs, perm: torch.Tensor | None) -> torch.Tensor | None:
+def _column_groups(cols: int, args: QuantArgs, perm: torch.Tensor | None,
+                   device: torch.device) -> torch.Tensor | None:
     """The group of each original column (None unless the strategy is "group").
 
     actorder "group": groups are consecutive runs of the activation order (g_idx).
@@ -147,7 +150,7 @@ def _column_groups(cols: int, args: QuantArgs, perm: torch.Tensor | None) -> tor
     if args.actorder == "group":
         invperm = torch.argsort(perm)
         return invperm // args.group_size
-    return torch.arange(cols, device=perm.device if perm is not None else None) // args.group_size
+    return torch.arange(cols, device=device) // args.group_size
 
 
 @contextmanager
@@ -229,7 +232,7 @@ def _quantize_weight(
     W[:, dead] = 0.0
 
     perm = torch.argsort(torch.diagonal(H), descending=True, stable=True) if args.actorder else None
-    group_of_col = _column_groups(cols, args, perm)
+    group_of_col = _column_groups(cols, args, perm, W.device)
     lazy_groups = args.strategy == "group" and not static_groups
     col_args = dataclasses.replace(args, strategy="channel", group_size=None, actorder=None)
 
