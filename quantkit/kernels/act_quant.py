@@ -23,6 +23,15 @@ MIN_SCALE = {"int8": 1e-10, "fp8": 1.0 / (FP8_MAX * 512.0)}
 BLOCK_COLS = 1024
 
 
+# The kernels use Triton builtins only, no standard-library helpers (tl.cdiv, tl.zeros,
+# tl.max, ...): those are @jit functions made when triton is imported, so if anything imported
+# triton before TRITON_INTERPRET=1 was set (transformers does), they cannot run in the
+# interpreter. Our own @jit functions are made at first use and follow the variable.
+@triton.jit
+def _max_combine(a, b):
+    return tl.maximum(a, b)
+
+
 @triton.jit
 def _round_half_even(v):
     # no rint in the interpreter: floor(v + 0.5), moved down on exact ties with an odd result
@@ -59,12 +68,12 @@ def _act_quant_kernel(
     if STATIC:
         scale = tl.load(s_ptr).to(tl.float32)
     else:
-        amax = tl.zeros((BLOCK,), dtype=tl.float32)
+        amax = tl.full((BLOCK,), 0, tl.float32)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
             x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), tl.full((), LIMIT, tl.float32)), MIN_SCALE)
+        scale = tl.maximum(tl.math.div_rn(tl.reduce(amax, 0, _max_combine), tl.full((), LIMIT, tl.float32)), MIN_SCALE)
         tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)

@@ -44,8 +44,8 @@ def _fp8_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
+    num_m = (M + BLOCK_M - 1) // BLOCK_M  # builtins only, no tl.cdiv / tl.zeros: see act_quant.py
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     size_m = tl.minimum(num_m - first_m, GROUP_M)
@@ -56,7 +56,7 @@ def _fp8_gemm_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         mask_k = offs_k < K

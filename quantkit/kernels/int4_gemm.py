@@ -80,8 +80,8 @@ def _w4a16_kernel(
     # grouped ordering of output tiles: GROUP_M row tiles share each weight column tile
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
+    num_m = (M + BLOCK_M - 1) // BLOCK_M  # builtins only, no tl.cdiv / tl.zeros: see act_quant.py
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
     width = GROUP_M * num_n
     first_m = (pid // width) * GROUP_M
     size_m = tl.minimum(num_m - first_m, GROUP_M)
@@ -95,7 +95,7 @@ def _w4a16_kernel(
     if HAS_ZP:
         z_shift = (offs_n % PACK) * BITS
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.float32)
     # split-K interleaves K tiles: split s takes tiles s, s + SPLIT_K, ...
     for k0 in range(pid_k * BLOCK_K, K, BLOCK_K * SPLIT_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
