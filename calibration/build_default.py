@@ -498,8 +498,14 @@ def build(sources: Path) -> tuple[list[dict], Sources, EvalGuard]:
     rows = []
     for builder in BUILDERS:
         rows += builder(src, guard, random.Random(f"{SEED}:{builder.__name__}"))
-    random.Random(SEED).shuffle(rows)  # a log interleaves its traffic
-    return rows, src, guard
+    seen, unique = set(), []
+    for row in rows:  # sources repeat themselves now and then (same exam question twice)
+        key = " ".join(m["content"] for m in row["messages"] if m["role"] != "assistant").casefold().split()
+        if tuple(key) not in seen:
+            seen.add(tuple(key))
+            unique.append(row)
+    random.Random(SEED).shuffle(unique)  # a log interleaves its traffic
+    return unique, src, guard
 
 
 def provenance_md(rows: list[dict], src: Sources, guard: EvalGuard, out_bytes: bytes) -> str:
