@@ -33,7 +33,7 @@ DEFAULT_LOG = Path(__file__).resolve().parents[2] / "calibration" / "default.jso
 class CalibrationResult:
     manifest: dict[str, Any]
     samples: list[dict[str, Any]]
-    files: dict[str, bytes]        # what was (or would be) written to the output folder
+    files: dict[str, bytes]        # the output folder's files (samples and manifest only without ``out``)
     out: Path | None
 
     @property
@@ -94,11 +94,13 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     sample_data = samples_bytes(samples)
     manifest["samples_file"] = SAMPLES_FILE
     manifest["samples_sha256"] = sha256(sample_data)
-    files = {SAMPLES_FILE: sample_data, MANIFEST_FILE: json_bytes(manifest),
-             "report.md": report_markdown(manifest).encode("utf-8"),
-             "report.html": report_html(manifest).encode("utf-8"),
-             "report.json": json_bytes(report_json(manifest))}
-    written = write_output(out, files) if out is not None else None
+    files = {SAMPLES_FILE: sample_data, MANIFEST_FILE: json_bytes(manifest)}
+    written = None
+    if out is not None:  # reports (with their plots) only for a folder a person will read
+        files.update({"report.md": report_markdown(manifest).encode("utf-8"),
+                      "report.html": report_html(manifest).encode("utf-8"),
+                      "report.json": json_bytes(report_json(manifest))})
+        written = write_output(out, files)
     return CalibrationResult(manifest=manifest, samples=samples, files=files, out=written)
 
 
