@@ -4,8 +4,9 @@ Builds two random-initialised Llama checkpoints of the same width, one with twic
 of the other, converts each in a fresh process, and reports the peak resident memory
 (ru_maxrss of the child) as the median of several runs. The layer-by-layer pipeline should
 peak at about the same memory for both (target: deep / shallow <= 1.15). As a peer, the same
-processes load the full model with transformers (what a non-streaming tool holds), whose peak
-grows with depth.
+kind of process loads the full model with transformers and makes its weights resident (what a
+whole-model quantizer holds while it works); its peak grows with depth. (transformers' lazy
+load alone maps the files without reading them, so it is not a useful peer.)
 
     python benchmarks/memory.py [--layers 6] [--hidden 1024] [--runs 3] [--recipe w8a16]
 """
@@ -73,6 +74,8 @@ else:
     import torch
     from transformers import AutoModelForCausalLM
     m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    for p in m.parameters():
+        p.data = p.data.clone()
 print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "seconds": time.time() - t}))
 """
 
@@ -102,7 +105,7 @@ def main() -> int:
         deep = make_checkpoint(tmp / f"L{2 * a.layers}", 2 * a.layers, a.hidden)
         sizes = {p.name: sum(f.stat().st_size for f in p.glob("*.safetensors")) for p in (shallow, deep)}
         rows = {}
-        for mode in ("quantkit", "transformers-load"):
+        for mode in ("quantkit", "whole-model"):
             rows[mode] = {p.name: measure(mode, p, a.recipe, a.runs, tmp) for p in (shallow, deep)}
     mib = 2**20
     print(f"machine: {platform.machine()}, {torch.get_num_threads()} threads, python {platform.python_version()}, torch {torch.__version__}")

@@ -173,7 +173,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     outer = [k for k in source.keys() if not k.startswith(layer_prefix)]
     for k in outer:
         writer.add(k, source.get(k))
-    writer.end_unit()
+        writer.end_unit()  # embeddings can be GBs: do not hold several at once
+    source.release()
     hidden = args_per_layer = kwargs_per_layer = None
     if needs_data:
         outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
