@@ -17,6 +17,11 @@ import time
 from pathlib import Path
 
 
+# Every slice and every kind of measure, with fewer items and shorter generations.
+QUICK = dict(text_items=3, item_tokens=128, gen_prompts=3, gen_tokens=16, mc_items=12, extract_items=3,
+             extract_tokens=24, code_items=3, code_tokens=64)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--baseline", default=None, help="model folder (default: the embedded SmolLM2)")
@@ -25,18 +30,20 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=4096)
     ap.add_argument("--reports", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="every slice and measure, fewer items (for a loaded machine): see QUICK")
     args = ap.parse_args()
 
     import torch
 
-    from quantkit.evaluation import evaluate
+    from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
 
     base_dir = resolve_dir(args.baseline)
     t = time.perf_counter()
     base = load_model(base_dir)
     tok = load_tokenizer(base_dir)
-    out = {"machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    out = {"quick": args.quick, "max_len": args.max_len, "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                        "platform": platform.platform(), "torch": torch.__version__},
            "baseline": str(base_dir), "baseline_load_s": time.perf_counter() - t, "candidates": {}}
     for cand_path in args.candidate:
@@ -49,6 +56,7 @@ def main() -> None:
             loads.append(os.getloadavg()[0])
             t = time.perf_counter()
             result = evaluate(base, cand, tok, max_len=args.max_len, module_errors=module_errors(cdir),
+                              options=SuiteOptions(**QUICK) if args.quick else None,
                               meta={"baseline": str(base_dir), "candidate": str(cdir)}, progress=False)
             runs.append(time.perf_counter() - t)
         if args.reports:
