@@ -8,13 +8,15 @@ One run measures, each in its own subprocess (so peak memory is that run's alone
     with ``llmcompressor`` is found (``--llmc-python``, default ``.venv-llmc/bin/python``).
 
 Everything is offline:
-  - calibration text: the Python standard library's ``pydoc_data/topics.py`` (English
-    reference documentation), tokenized once and cut into ``--samples`` windows of
-    ``--seq-len`` tokens at seeded random offsets. Both toolkits get the same token ids.
   - held-out text: gensim's ``test/test_data/lee_background.cor`` (Australian news, the
-    Lee corpus), from the gensim wheel on PyPI — a different domain and source from the
-    calibration text, so perplexity measures generalisation, not memorisation.
-    Perplexity: non-overlapping ``--seq-len`` windows, mean next-token NLL, exponentiated.
+    Lee corpus, from the gensim wheel on PyPI): its first ``--eval-windows`` non-overlapping
+    windows of ``--seq-len`` tokens. Perplexity: exp(mean next-token NLL) over them.
+  - calibration text (``--calibration lee``, the default): ``--samples`` windows at seeded
+    random offsets in the rest of the Lee corpus — same domain, disjoint articles, as
+    C4-train/C4-validation setups do. ``--calibration pydoc`` takes them from the standard
+    library's ``pydoc_data/topics.py`` instead (Python reference docs): measured here, that
+    out-of-domain calibration makes GPTQ worse than RTN on the news text (RESULTS.md).
+    Both toolkits get the same token ids.
 
 Models: ``smollm2`` (the embedded SmolLM2-135M, dequantized from its GGUF), ``gemma3``
 (Gemma3-270M from its GGUF parts, tokenizer rebuilt from the GGUF's sentencepiece data:
@@ -221,6 +223,8 @@ def main() -> None:
     ap.add_argument("--eval-windows", type=int, default=40, help="held-out windows of --seq-len tokens")
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--calibration", choices=["lee", "pydoc"], default="lee",
+                    help="lee: Lee-corpus text after the evaluation windows (default); pydoc: Python docs")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--actorder", action="store_true", help="also run quantkit GPTQ with actorder weight and group")
     ap.add_argument("--true-sequential", choices=["default", "on", "off", "both"], default="default")
@@ -243,9 +247,15 @@ def main() -> None:
     tok = load_tokenizer(folder)
     # A model whose tokenizer adds BOS (Gemma) sees it at the start of every sample and window.
     bos = tok.bos_token_id if encode_adds_bos(tok) else None
-    calib = token_windows(encode(tok, calibration_text()), a.samples, a.seq_len - (bos is not None), a.seed)
+    lee = encode(tok, heldout_text())
+    held = token_windows(lee, a.eval_windows, a.seq_len, None)
+    if a.calibration == "lee":
+        # the rest of the corpus, after the evaluation windows: same domain, other articles
+        pool = lee[a.eval_windows * a.seq_len:]
+    else:
+        pool = encode(tok, calibration_text())
+    calib = token_windows(pool, a.samples, a.seq_len - (bos is not None), a.seed)
     calib = [([bos] if bos is not None else []) + w for w in calib]
-    held = token_windows(encode(tok, heldout_text()), a.eval_windows, a.seq_len, None)
     workdir = ROOT / ".cache" / "benchmarks" / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
@@ -285,8 +295,9 @@ def main() -> None:
 
 
 def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
+    source = "Lee corpus, after the held-out part" if a.calibration == "lee" else "pydoc topics"
     print(f"\nmodel {a.model}; W4A16 symmetric g{a.group_size}; calibration {n_calib} x {a.seq_len} tokens "
-          f"(pydoc topics); held-out {eval_tokens} tokens (Lee corpus); {a.threads} threads")
+          f"({source}); held-out {eval_tokens} tokens (Lee corpus, first windows); {a.threads} threads")
     print(f"{'run':34s} {'wall s':>9s} {'CPU s':>9s} {'peak RSS MB':>12s} {'perplexity':>11s}")
     for label, r in runs.items():
         if "error" in r:
