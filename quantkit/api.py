@@ -71,7 +71,10 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
         model = default_model_dir()
     if isinstance(model, nn.Module):
         config = model.config
-        return config, StateDictSource(model.state_dict(), getattr(model, "name_or_path", None) and _as_dir(model.name_or_path)), _as_dir(getattr(model, "name_or_path", ""))
+        if not getattr(config, "architectures", None):  # a model built in memory, never saved
+            config.architectures = [type(model).__name__]
+        folder = _as_dir(getattr(model, "name_or_path", "") or "")
+        return config, StateDictSource(model.state_dict(), folder), folder
     folder = Path(model)
     if not folder.exists():
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")

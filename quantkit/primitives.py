@@ -161,15 +161,19 @@ def quantize_weight(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None
     return quantize(w, scale, zp, args, g_idx), scale, zp
 
 
-def quantize_dynamic_per_token(x: torch.Tensor, args: QuantArgs):
-    """Per-token codes and scales for activations ``[..., hidden]`` (symmetric)."""
+# Dynamic activation scales follow vLLM's serving kernels: int8 absmax / 127, fp8 absmax / 448
+# with a floor of 1 / (448 * 512), so what quantkit computes is what the deployment computes.
+FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+
+
+def quantize_dynamic_per_token(x: torch.Tensor, float_type: bool):
+    """Symmetric per-token codes and fp32 scales ``[..., 1]`` for activations ``[..., hidden]``."""
     amax = x.abs().amax(dim=-1, keepdim=True).float()
-    limit = FP8_MAX if args.type == "float" else (args.qmax - args.qmin) / 2
-    scale = torch.clamp(amax / limit, min=1e-12)
-    v = x.float() / scale
-    if args.type == "float":
-        return v.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
-    return torch.round(v).clamp(args.qmin, args.qmax).to(torch.int8), scale
+    if float_type:
+        scale = (amax / FP8_MAX).clamp_min(FP8_MIN_SCALE)
+        return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    scale = (amax / 127.0).clamp_min(1e-10)
+    return torch.round(x.float() / scale).clamp(-128, 127).to(torch.int8), scale
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:

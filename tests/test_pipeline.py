@@ -178,3 +178,14 @@ def test_qwen2_with_biases(tmp_path):
     ids = random_ids(1, 10, seed=4)
     ref = AutoModelForCausalLM.from_pretrained(src)
     assert _rel(_logits(model, ids), _logits(ref, ids)) < 0.06
+
+
+def test_model_built_in_memory(tmp_path):
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    model = AutoModelForCausalLM.from_config(cfg)  # config.architectures is empty
+    path = quantkit.quantize(model, {"scheme": "W8A16"}).save(tmp_path / "mem")
+    ids = random_ids(1, 8, vocab=128)
+    assert _rel(_logits(quantkit.load(path), ids), _logits(model, ids)) < 0.05

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..formats.packing import unpack_int32
-from ..primitives import FP8_DTYPE, FP8_MAX, dequantize
+from ..primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
 from . import register_backend
 
 
@@ -42,19 +42,11 @@ def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
 
 
-# Dynamic activation scales follow vLLM's serving kernels: int8 absmax / 127, fp8 absmax / 448
-# with a floor of 1 / (448 * 512), so the reference computes what the deployment computes.
-_FP8_MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
-
-
 def _act_codes(x2: torch.Tensor, layer, float_type: bool):
     """Per-token (dynamic) or per-tensor (static) symmetric activation codes and scales."""
-    if layer.input_scale is not None:
-        scale = layer.input_scale.float().reshape(1, 1)
-    elif float_type:
-        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp_min(_FP8_MIN_SCALE)
-    else:
-        scale = (x2.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp_min(1e-10)
+    if layer.input_scale is None:
+        return quantize_dynamic_per_token(x2, float_type)
+    scale = layer.input_scale.float().reshape(1, 1)
     v = x2.float() / scale
     if float_type:
         return v.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
