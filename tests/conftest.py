@@ -3,7 +3,15 @@ folder on sys.path, so tests anywhere under tests/ can import it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import torch
+
+# Without a GPU, Triton kernels run in the interpreter; it must be set before any @triton.jit
+# runs, and transformers can import triton while tests are collected.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 
