@@ -8,16 +8,18 @@ Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate):
 
 | measure               | better | REVIEW past | NO-GO past | why this level                                   |
 |-----------------------|--------|-------------|------------|--------------------------------------------------|
-| kl_mean               | lower  | 0.02        | 0.10       | 8-bit schemes stay well under 0.02 on SmolLM2     |
-| top1_agreement        | higher | 0.95        | 0.85       | 1 token in 7 changing its argmax is visible       |
+| kl_mean               | lower  | 0.02        | 0.10       | W8A16 on SmolLM2: 0.003-0.014; W4 RTN g64: 0.4-0.9 |
+| top1_agreement        | higher | 0.90        | 0.75       | W8A16 on SmolLM2: 0.94-0.97 (a small model's      |
+|                       |        |             |            | near-ties flip on Chinese text); W4 RTN: 0.42-0.73 |
 | ppl_increase          | lower  | 0.03        | 0.10       | ratio candidate/baseline - 1                      |
 | focus_kl_mean         | lower  | 0.04        | 0.20       | digits, names, brackets: looser, fewer tokens     |
-| focus_top1_agreement  | higher | 0.93        | 0.80       |                                                  |
+| focus_top1_agreement  | higher | 0.88        | 0.70       | fewer tokens than top1_agreement: looser         |
 | kl_worst_bucket       | lower  | 0.04        | 0.20       | long slices: the worst position bucket            |
-| gen_agreement         | higher | 0.50        | 0.20       | greedy paths fork on near-ties even when fine     |
+| gen_agreement         | higher | 0.40        | 0.15       | greedy paths fork on near-ties even when fine:   |
+|                       |        |             |            | W8A16 0.75-1.0, W4 RTN 0-0.17                     |
 | mc_accuracy_drop      | lower  | 0.05        | 0.15       | 48 questions: one question = 0.021               |
 | extract_f1_drop       | lower  | 0.05        | 0.15       |                                                  |
-| code_pass_drop        | lower  | 0.07        | 0.20       | 16 problems: one problem = 0.0625                 |
+| code_pass_drop        | lower  | 0.07        | 0.20       | 12 problems: one lost problem (0.083) is REVIEW   |
 
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 
@@ -53,12 +55,12 @@ class Limit:
 
 DEFAULT_LIMITS: dict[str, Limit] = {
     "kl_mean": Limit(0.02, 0.10, False),
-    "top1_agreement": Limit(0.95, 0.85, True),
+    "top1_agreement": Limit(0.90, 0.75, True),
     "ppl_increase": Limit(0.03, 0.10, False),
     "focus_kl_mean": Limit(0.04, 0.20, False),
-    "focus_top1_agreement": Limit(0.93, 0.80, True),
+    "focus_top1_agreement": Limit(0.88, 0.70, True),
     "kl_worst_bucket": Limit(0.04, 0.20, False),
-    "gen_agreement": Limit(0.50, 0.20, True),
+    "gen_agreement": Limit(0.40, 0.15, True),
     "mc_accuracy_drop": Limit(0.05, 0.15, False),
     "extract_f1_drop": Limit(0.05, 0.15, False),
     "code_pass_drop": Limit(0.07, 0.20, False),

@@ -8,8 +8,8 @@ from quantkit.evaluation.verdict import GO, NOGO
 
 pytestmark = pytest.mark.slow
 
-OPTS = SuiteOptions(text_items=3, extract_items=0, code_items=0, mc_items=8, gen_prompts=3, gen_tokens=16,
-                    item_tokens=128)
+# generation agreement over 3 prompts is too noisy for a test; benchmarks/eval.py measures it
+OPTS = SuiteOptions(text_items=3, extract_items=0, code_items=0, mc_items=8, gen_prompts=0, item_tokens=128)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from quantkit.evaluation.verdict import DEFAULT_LIMITS, GO, NOGO, REVIEW, Thresh
 
 def test_levels_follow_the_documented_defaults():
     v = decide({"a": {"kl_mean": 0.019}, "b": {"kl_mean": 0.05}, "c": {"kl_mean": 0.11},
-                "d": {"top1_agreement": 0.96}, "e": {"top1_agreement": 0.9}, "f": {"top1_agreement": 0.8}})
+                "d": {"top1_agreement": 0.91}, "e": {"top1_agreement": 0.85}, "f": {"top1_agreement": 0.7}})
     assert v.slices == {"a": GO, "b": REVIEW, "c": NOGO, "d": GO, "e": REVIEW, "f": NOGO}
     assert v.decision == NOGO
     assert [r.slice for r in v.reasons][:2] == ["c", "f"]  # NO-GO reasons first
