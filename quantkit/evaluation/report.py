@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -102,9 +103,22 @@ def plots(data: dict) -> dict[str, str]:
         out["position"] = _png(fig)
     if data.get("module_errors"):
         errs = data["module_errors"]
+        names = list(errs)
         fig, ax = plt.subplots(figsize=(11, 3.2))
-        ax.bar(range(len(errs)), list(errs.values()))
-        ax.set_xticks(range(len(errs)), list(errs), rotation=90, fontsize=6)
+        ax.bar(range(len(errs)), list(errs.values()), width=1.0)
+        if len(names) <= 40:
+            ax.set_xticks(range(len(names)), names, rotation=90, fontsize=6)
+        else:  # one tick per decoder layer start, every few layers
+            starts = {}
+            for i, n in enumerate(names):
+                m = re.search(r"layers\.(\d+)\.", n)
+                if m and int(m.group(1)) not in starts:
+                    starts[int(m.group(1))] = i
+            step = max(1, len(starts) // 15)
+            ticks = [(i, f"L{k}") for k, i in sorted(starts.items()) if k % step == 0]
+            ax.set_xticks([i for i, _ in ticks], [t for _, t in ticks], fontsize=8)
+            ax.set_xlabel("module, in layer order")
+        ax.set_ylabel("SQNR, dB (lower = more error)")
         ax.set_title("per-module quantization error (as recorded by the algorithm)")
         out["modules"] = _png(fig)
     return out
@@ -225,6 +239,7 @@ def save(result, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a report folder is for reading
     try:
         (tmp / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
