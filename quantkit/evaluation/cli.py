@@ -1,6 +1,5 @@
 """typer-compatible commands: ``quantkit eval`` and ``quantkit plan`` (wired in quantkit/cli.py).
 Each forwards to the typed Python API; user errors print one line and exit 2."""
-from __future__ import annotations
 
 import json
 from pathlib import Path
