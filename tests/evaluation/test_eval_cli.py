@@ -5,7 +5,7 @@ import json
 import pytest
 import typer
 import yaml
-from conftest import TINY_THRESHOLDS
+from tiny import TINY_THRESHOLDS
 from typer.testing import CliRunner
 
 import quantkit

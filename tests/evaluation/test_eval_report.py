@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import matplotlib.image
 import pytest
-from conftest import FAST, TINY_THRESHOLDS, _take
+from tiny import FAST, TINY_THRESHOLDS, _take
 from tiny import broken_past, fake_quant_linears
 
 from quantkit.evaluation import evaluate, load_suite

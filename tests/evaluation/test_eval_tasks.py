@@ -1,4 +1,4 @@
-from conftest import FAST
+from tiny import FAST
 from tiny import fake_quant_linears
 
 from quantkit.evaluation.models import greedy, pad_id

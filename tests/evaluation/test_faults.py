@@ -1,7 +1,7 @@
 """Acceptance 2: planted faults get NO-GO and the reasons name the right slices; an 8-bit
 fake-quantized copy of the same model gets GO."""
 import pytest
-from conftest import FAST, TINY_THRESHOLDS, _take
+from tiny import FAST, TINY_THRESHOLDS, _take
 from tiny import broken_past, digits_scrambled, fake_quant_linears, mlp_at_2_bits, scaled_layer
 
 from quantkit.evaluation import evaluate, load_suite

@@ -9,7 +9,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from quantkit.evaluation.slices import eval_dir
+from quantkit.evaluation.slices import Slice, SuiteOptions, eval_dir
 
 
 def tiny_tokenizer(vocab: int = 384) -> PreTrainedTokenizerFast:
@@ -96,3 +96,24 @@ def digits_scrambled(model, tokenizer, noise: float = 3.0, seed: int = 0) -> Lla
         emb = m.model.embed_tokens.weight
         emb[ids] += torch.randn(len(ids), emb.shape[1], generator=g) * noise * emb.std()
     return m
+
+
+def _take(sl: Slice, per_kind: int) -> Slice:
+    seen: dict[str, int] = {}
+    items = []
+    for it in sl.items:
+        if seen.get(it["kind"], 0) < per_kind:
+            seen[it["kind"]] = seen.get(it["kind"], 0) + 1
+            items.append(it)
+    return Slice(sl.name, items, sl.public, sl.long_context, sl.source)
+
+
+# A random tiny model predicts near-uniformly, so its argmax flips on ties that a trained
+# model does not have: top-1 and generation agreement get looser limits here; the KL
+# limits stay the defaults.
+TINY_THRESHOLDS = {"top1_agreement": {"review": 0.85, "nogo": 0.6},
+                   "focus_top1_agreement": {"review": 0.85, "nogo": 0.6},
+                   "gen_agreement": {"review": 0.2, "nogo": None}}
+
+FAST = SuiteOptions(item_tokens=128, gen_prompts=2, gen_tokens=8, extract_tokens=8, code_tokens=16,
+                    code_timeout_s=3.0, batch_tokens=1024)
