@@ -28,6 +28,18 @@ BLOCK_COLS = 1024
 # triton before TRITON_INTERPRET=1 was set (transformers does), they cannot run in the
 # interpreter. Our own @jit functions are made at first use and follow the variable.
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile (row, column) of GEMM program ``pid``, in grouped order: GROUP_M row tiles
+    run next to each other on each weight column tile, so that tile stays in L2."""
+    num_m = (M + BLOCK_M - 1) // BLOCK_M
+    num_n = (N + BLOCK_N - 1) // BLOCK_N
+    width = GROUP_M * num_n
+    first_m = (pid // width) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
 def _max_combine(a, b):
     return tl.maximum(a, b)
 

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, quantize_activations_reference
+from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, grouped_tile, quantize_activations_reference
 
 # -- configs ------------------------------------------------------------------------------
 _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
@@ -44,13 +44,7 @@ def _fp8_gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    num_m = (M + BLOCK_M - 1) // BLOCK_M  # builtins only, no tl.cdiv / tl.zeros: see act_quant.py
-    num_n = (N + BLOCK_N - 1) // BLOCK_N
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

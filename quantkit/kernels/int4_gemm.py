@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from ..formats.packing import pack_int32, unpack_int32
-from .act_quant import check_runnable
+from .act_quant import check_runnable, grouped_tile
 
 # -- configs ------------------------------------------------------------------------------
 DECODE_MAX_M = 16
@@ -80,13 +80,7 @@ def _w4a16_kernel(
     # grouped ordering of output tiles: GROUP_M row tiles share each weight column tile
     pid = tl.program_id(0)
     pid_k = tl.program_id(1)
-    num_m = (M + BLOCK_M - 1) // BLOCK_M  # builtins only, no tl.cdiv / tl.zeros: see act_quant.py
-    num_n = (N + BLOCK_N - 1) // BLOCK_N
-    width = GROUP_M * num_n
-    first_m = (pid // width) * GROUP_M
-    size_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % width) % size_m
-    pid_n = (pid % width) // size_m
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
