@@ -19,17 +19,9 @@ import triton
 import triton.language as tl
 
 from .act_quant import activation_codes, check_w8a8, grouped_tile, quantize_activations_reference
-from .fp8_gemm import scaled_gemm
+from .fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, scaled_gemm
 
-# -- configs ------------------------------------------------------------------------------
-_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
-    (16, 64, 256, 1, 4, 4), (16, 128, 128, 1, 4, 4), (32, 128, 128, 1, 4, 4), (64, 128, 128, 8, 4, 4),
-    (128, 128, 128, 8, 8, 3), (128, 256, 128, 8, 8, 3), (256, 128, 128, 8, 8, 3), (64, 256, 128, 8, 4, 4),
-]
-CONFIGS = [triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "GROUP_M": g}, num_warps=w, num_stages=s)
-           for m, n, k, g, w, s in _CONFIGS]
-INTERPRET_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 4}
-_AUTOTUNE_KEY = ["M_BUCKET", "N", "K", "A_QUANT", "PER_TOKEN", "PER_CHANNEL"]
+# -- configs: the W8A8 tile shapes are fp8_gemm's (same operand widths, same tensor-core tiles)
 
 
 # -- kernel -------------------------------------------------------------------------------
