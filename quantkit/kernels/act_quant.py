@@ -187,3 +187,17 @@ def activation_codes(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | No
     elif not dynamic and input_scale is None:
         raise ValueError("input_scale: static activation quantization needs a stored input_scale")
     return quantize_activations(x2, kind, input_scale)
+
+
+def w8a8_linear(gemm, x: torch.Tensor, layer) -> torch.Tensor:
+    """Run a W8A8 GEMM (``fp8_gemm`` or ``int8_gemm``) for a QuantLinear: its scales, its
+    static or dynamic activation scheme, its bias."""
+    if getattr(layer, "weight_zero_point", None) is not None:
+        raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
+    dynamic = bool(getattr(layer, "input_dynamic", False))
+    input_scale = getattr(layer, "input_scale", None)
+    return gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,
+                getattr(layer, "bias", None), dynamic=dynamic,
+                strategy=getattr(layer, "input_strategy", None) or "token",
+                quantize_input=dynamic or input_scale is not None)
+

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, grouped_tile, quantize_activations_reference
+from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
 
 # -- configs ------------------------------------------------------------------------------
 _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
@@ -182,14 +182,7 @@ def fp8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
 # -- QuantLinear backend ------------------------------------------------------------------
 def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     """Backend ``("float-quantized", "triton")``: ``fn(x, layer) -> Tensor``."""
-    if getattr(layer, "weight_zero_point", None) is not None:
-        raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
-    dynamic = bool(getattr(layer, "input_dynamic", False))
-    input_scale = getattr(layer, "input_scale", None)
-    return fp8_gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,
-                    getattr(layer, "bias", None), dynamic=dynamic,
-                    strategy=getattr(layer, "input_strategy", None) or "token",
-                    quantize_input=dynamic or input_scale is not None)
+    return w8a8_linear(fp8_gemm, x, layer)
 
 
 # -- benchmark entry ----------------------------------------------------------------------

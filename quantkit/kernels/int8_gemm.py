@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import activation_codes, check_w8a8, grouped_tile, quantize_activations_reference
+from .act_quant import activation_codes, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
 from .fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, scaled_gemm
 
 # -- configs: the W8A8 tile shapes are fp8_gemm's (same operand widths, same tensor-core tiles)
@@ -127,14 +127,7 @@ def int8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: tor
 # -- QuantLinear backend ------------------------------------------------------------------
 def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     """Backend ``("int-quantized", "triton")``: ``fn(x, layer) -> Tensor``."""
-    if getattr(layer, "weight_zero_point", None) is not None:
-        raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
-    dynamic = bool(getattr(layer, "input_dynamic", False))
-    input_scale = getattr(layer, "input_scale", None)
-    return int8_gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,
-                     getattr(layer, "bias", None), dynamic=dynamic,
-                     strategy=getattr(layer, "input_strategy", None) or "token",
-                     quantize_input=dynamic or input_scale is not None)
+    return w8a8_linear(int8_gemm, x, layer)
 
 
 # -- benchmark entry ----------------------------------------------------------------------
