@@ -2,44 +2,16 @@
 import base64
 import io
 import json
-from html.parser import HTMLParser
 
 import matplotlib.image
 import pytest
+from report_html import check_table, lookup, parse
 from tiny import FAST, TINY_THRESHOLDS, _take
 from tiny import broken_past, fake_quant_linears
 
 from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.api import HIDDEN
 from quantkit.evaluation.slices import Slice
-
-
-class Cells(HTMLParser):
-    def __init__(self):
-        super().__init__()
-        self.cells, self.images, self._path, self._text = {}, [], None, ""
-
-    def handle_starttag(self, tag, attrs):
-        a = dict(attrs)
-        if "data-path" in a:
-            self._path, self._text = a["data-path"], ""
-        if tag == "img":
-            self.images.append(a)
-
-    def handle_data(self, data):
-        if self._path is not None:
-            self._text += data
-
-    def handle_endtag(self, tag):
-        if self._path is not None and tag in ("td", "span"):
-            self.cells[self._path] = self._text
-            self._path = None
-
-
-def lookup(data, path):
-    for part in path.split("."):
-        data = data[int(part)] if isinstance(data, list) else data[part]
-    return data
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +34,7 @@ def saved(base, tok, tmp_path_factory):
 def test_html_numbers_equal_the_json(saved):
     _, out = saved
     data = json.loads((out / "report.json").read_text())
-    p = Cells()
-    p.feed((out / "report.html").read_text())
+    p = parse((out / "report.html").read_text())
     assert len(p.cells) > 40
     for path, text in p.cells.items():
         value = lookup(data, path)
@@ -75,11 +46,23 @@ def test_html_numbers_equal_the_json(saved):
                 assert f"slices.{name}.{m}" in p.cells
 
 
+def test_every_number_of_the_html_slice_table_is_the_jsons(saved):
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    rows = parse((out / "report.html").read_text()).tables["slices"]
+    assert [text for text, _ in rows[0]][:2] == ["slice", "verdict"]
+    assert [r[0][0] for r in rows[1:]] == list(data["slices"])
+    for row in rows[1:]:
+        assert row[1][0] == data["verdict"]["slices"][row[0][0]]
+    checked = check_table(rows, data, lambda row, col: f"slices.{row[0][0]}.{col}", 2)
+    shown = [c for c, _ in rows[0][2:]]
+    assert checked == sum(v.get(c) is not None for v in data["slices"].values() for c in shown) > 30
+
+
 def test_html_is_self_contained_with_its_plots(saved):
     _, out = saved
     html = (out / "report.html").read_text()
-    p = Cells()
-    p.feed(html)
+    p = parse(html)
     alts = {i["alt"] for i in p.images}
     assert alts == {"per-slice measures", "KL by position", "per-module error"}
     for img in p.images:
