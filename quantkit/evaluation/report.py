@@ -51,6 +51,7 @@ def to_json(result) -> dict:
         "meta": result.meta,
         "slices": result.slices,
         "public": result.public,
+        "languages": result.languages,
         "kl_by_position": result.buckets,
         "worst_examples": result.examples,
         "footprint": result.footprint,
@@ -82,9 +83,15 @@ def plots(data: dict) -> dict[str, str]:
     if names:
         fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
         colours = [COLOURS[data["verdict"]["slices"][n]] for n in names]
-        axes[0].bar(names, [data["slices"][n]["kl_mean"] for n in names], color=colours)
+        off = data["verdict"].get("not_gated", {})
+        labels = [f"{n} (not gated)" if n in off else n for n in names]
+        for ax, m in zip(axes, ("kl_mean", "top1_agreement")):
+            bars = ax.bar(labels, [data["slices"][n][m] for n in names], color=colours)
+            for bar, n in zip(bars, names):
+                if n in off:  # measured and shown, but it does not gate: hatched and pale
+                    bar.set_alpha(0.45)
+                    bar.set_hatch("//")
         axes[0].set_title("mean KL(baseline || candidate) per token, nats")
-        axes[1].bar(names, [data["slices"][n]["top1_agreement"] for n in names], color=colours)
         axes[1].set_ylim(0, 1)
         axes[1].set_title("top-1 agreement")
         for ax in axes:
@@ -130,22 +137,43 @@ def _columns(data: dict) -> list[str]:
     return [m for m in TABLE_MEASURES if any(v.get(m) is not None for v in data["slices"].values())]
 
 
+def gating_text(data: dict) -> str:
+    """One sentence: which languages gate the decision and where that came from."""
+    g = (data["meta"].get("languages") or {})
+    if not g.get("gating"):
+        return "Every slice gates the decision (no language restriction)."
+    src = {"model card": "the baseline's model card (README.md)", "--languages": "--languages",
+           "eval.languages": "the recipe's eval.languages"}.get(g.get("source"), str(g.get("source")))
+    return (f"Languages that gate the decision: {', '.join(g['gating'])} (from {src}). Slices in other "
+            "languages are measured and shown with their would-be level but do not change the decision; "
+            "business slices always gate.")
+
+
+def _gates(data: dict, name: str) -> str:
+    return data["verdict"].get("not_gated", {}).get(name, "yes")
+
+
 def markdown(data: dict) -> str:
     v = data["verdict"]
     lines = [f"# quantkit evaluation: **{data['decision']}**", ""]
     m = data["meta"]
     lines += [f"Baseline `{m.get('baseline', '?')}`, candidate `{m.get('candidate', '?')}`, "
-              f"max length {m['max_len']}, {fmt(m['seconds_total'])} s.", ""]
+              f"max length {m['max_len']}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
     if v["reasons"]:
         lines += ["## Reasons", ""] + [f"- **{r['level']}** {r['text']}" for r in v["reasons"]] + [""]
+    if v.get("informational"):
+        lines += ["## Not gated (information only)", ""]
+        lines += [f"- {r['level']} {r['text']}: {r['note']}" for r in v["informational"]] + [""]
     cols = _columns(data)
-    lines += ["## Slices", "", "| slice | verdict | " + " | ".join(cols) + " |",
-              "|---|---|" + "---|" * len(cols)]
+    lines += ["## Slices", "", "| slice | language | verdict | gates | " + " | ".join(cols) + " |",
+              "|---|---|---|---|" + "---|" * len(cols)]
     for name, vals in data["slices"].items():
-        lines.append(f"| {name} | {v['slices'][name]} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
+        lines.append(f"| {name} | {(data.get('languages') or {}).get(name) or '–'} | {v['slices'][name]} | "
+                     f"{_gates(data, name)} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
     lines.append("")
     for name, rows in data["kl_by_position"].items():
-        lines += [f"## KL by position: {name}", "", "| positions | tokens | mean KL |", "|---|---|---|"]
+        note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
+        lines += [f"## KL by position: {name}{note}", "", "| positions | tokens | mean KL |", "|---|---|---|"]
         lines += [f"| {r['start']}–{r['end']} | {r['tokens']} | {fmt(r['kl_mean'])} |" for r in rows] + [""]
     if data.get("footprint"):
         lines += ["## Deployment footprint", "", "| quantity | value |", "|---|---|"]
@@ -153,7 +181,8 @@ def markdown(data: dict) -> str:
     if data["worst_examples"]:
         lines += ["## Worst examples of the slices that are not GO", ""]
         for name, exs in data["worst_examples"].items():
-            lines += [f"### {name}", ""]
+            note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
+            lines += [f"### {name}{note}", ""]
             for ex in exs:
                 lines.append("- " + "; ".join(f"{k}: {fmt(val)!r}" if isinstance(val, str) else f"{k}: {fmt(val)}"
                                              for k, val in ex.items()))
@@ -184,20 +213,25 @@ def render_html(data: dict, images: dict[str, str]) -> str:
              f"<h1>quantkit evaluation: <span class='{e(data['decision'])}' id='decision'>{e(data['decision'])}</span></h1>",
              f"<p>Baseline <code>{e(str(data['meta'].get('baseline', '?')))}</code>, candidate "
              f"<code>{e(str(data['meta'].get('candidate', '?')))}</code>, max length "
-             f"<span data-path='meta.max_len'>{data['meta']['max_len']}</span>.</p>"]
-    if v["reasons"]:
-        parts.append("<h2>Reasons</h2><ul>")
-        for i, r in enumerate(v["reasons"]):
+             f"<span data-path='meta.max_len'>{data['meta']['max_len']}</span>.</p>",
+             f"<p id='gating'>{e(gating_text(data))}</p>"]
+    for key, title in (("reasons", "Reasons"), ("informational", "Not gated (information only)")):
+        if not v.get(key):
+            continue
+        parts.append(f"<h2>{title}</h2><ul id='{key}'>")
+        for i, r in enumerate(v[key]):
+            note = f": {e(r['note'])}" if r.get("note") else ""
             parts.append(f"<li class='{e(r['level'])}'>{e(r['level'])} {e(r['slice'])}: {e(r['measure'])} "
-                         f"<span data-path='verdict.reasons.{i}.value'>{fmt(r['value'])}</span> (limit "
-                         f"<span data-path='verdict.reasons.{i}.limit'>{fmt(r['limit'])}</span>)</li>")
+                         f"<span data-path='verdict.{key}.{i}.value'>{fmt(r['value'])}</span> (limit "
+                         f"<span data-path='verdict.{key}.{i}.limit'>{fmt(r['limit'])}</span>){note}</li>")
         parts.append("</ul>")
     cols = _columns(data)
-    parts.append("<h2>Slices</h2><table id='slices'><tr><th>slice</th><th>verdict</th>"
-                 + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
+    parts.append("<h2>Slices</h2><table id='slices'><tr><th>slice</th><th>language</th><th>verdict</th>"
+                 "<th>gates</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
     for name, vals in data["slices"].items():
         lv = v["slices"][name]
-        parts.append(f"<tr><td>{e(name)}</td><td class='{e(lv)}'>{e(lv)}</td>"
+        parts.append(f"<tr><td>{e(name)}</td><td>{e((data.get('languages') or {}).get(name) or '–')}</td>"
+                     f"<td class='{e(lv)}'>{e(lv)}</td><td>{e(_gates(data, name))}</td>"
                      + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c in cols) + "</tr>")
     parts.append("</table>")
     if "slices" in images:
@@ -207,7 +241,9 @@ def render_html(data: dict, images: dict[str, str]) -> str:
         if "position" in images:
             parts.append(f"<img alt='KL by position' src='data:image/png;base64,{images['position']}'>")
         for name, rows in data["kl_by_position"].items():
-            parts.append(f"<h3>{e(name)}</h3><table><tr><th>start</th><th>end</th><th>tokens</th><th>mean KL</th></tr>")
+            note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
+            parts.append(f"<h3>{e(name + note)}</h3><table><tr><th>start</th><th>end</th><th>tokens</th>"
+                         "<th>mean KL</th></tr>")
             for i, r in enumerate(rows):
                 parts.append("<tr>" + "".join(_cell(r[k], f"kl_by_position.{name}.{i}.{k}")
                                               for k in ("start", "end", "tokens", "kl_mean")) + "</tr>")
@@ -222,7 +258,8 @@ def render_html(data: dict, images: dict[str, str]) -> str:
     if data["worst_examples"]:
         parts.append("<h2>Worst examples of the slices that are not GO</h2>")
         for name, exs in data["worst_examples"].items():
-            parts.append(f"<h3>{e(name)}</h3>")
+            note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
+            parts.append(f"<h3>{e(name + note)}</h3>")
             for ex in exs:
                 parts.append("<pre>" + e("\n".join(f"{k}: {fmt(val)}" for k, val in ex.items())) + "</pre>")
     parts.append("<h2>Thresholds</h2><table><tr><th>measure</th><th>REVIEW past</th><th>NO-GO past</th></tr>")

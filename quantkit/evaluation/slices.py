@@ -10,7 +10,9 @@ Each line of a slice file is one item, with a ``kind``:
 - ``code``: ``{"id", "prompt", "test", "entry_point"}`` (HumanEval layout).
 
 A slice is public when its text ships with quantkit; the user's own calibration log makes
-private "business" slices, whose text stays out of reports unless asked for.
+private "business" slices, whose text stays out of reports unless asked for. A public
+slice's language is its items' ``language`` key or its name's suffix (``-en``, ``-zh``):
+see languages.py for which languages gate the verdict.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
+from .languages import slice_language
 
 KINDS = {"text": ("text",), "mc": ("question", "choices", "answer"),
          "extract": ("prompt", "reference"), "code": ("prompt", "test", "entry_point")}
@@ -40,6 +43,11 @@ class Slice:
     public: bool = True
     long_context: bool = False
     source: str = ""
+    language: str | None = None     # None for a public slice: from its items or name suffix
+
+    def __post_init__(self):
+        if self.language is None and self.public:
+            self.language = slice_language(self.name, self.items)
 
     def of_kind(self, kind: str) -> list[dict]:
         return [it for it in self.items if it["kind"] == kind]

@@ -1,8 +1,10 @@
 """GO / REVIEW / NO-GO from per-slice measures and thresholds.
 
 Each measure has a REVIEW limit and (for most) a NO-GO limit. A slice is as bad as its
-worst measure; the run is as bad as its worst slice. Every breached limit becomes a
-reason naming the slice, the measure, the value and the limit.
+worst measure; the run is as bad as its worst gated slice. Every breached limit becomes a
+reason naming the slice, the measure, the value and the limit. Slices in languages the
+model is not for (languages.py: ``--languages``, else the model card) are measured and
+get their level, but their breaches are information only and never change the decision.
 
 Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate):
 
@@ -133,23 +135,40 @@ class Reason:
 @dataclass
 class Verdict:
     decision: str
-    reasons: list[Reason]
-    slices: dict[str, str]         # slice -> its own decision
+    reasons: list[Reason]          # breaches on gated slices: these make the decision
+    slices: dict[str, str]         # slice -> its own level (the would-be level when not gated)
+    informational: list[Reason] = field(default_factory=list)  # breaches on slices that do not gate
+    not_gated: dict[str, str] = field(default_factory=dict)    # slice -> why it does not gate
 
     def to_dict(self) -> dict:
         return {"decision": self.decision, "slices": self.slices,
-                "reasons": [{"slice": r.slice, "measure": r.measure, "value": r.value, "limit": r.limit,
-                             "level": r.level, "text": r.text()} for r in self.reasons]}
+                "reasons": [_reason_dict(r) for r in self.reasons],
+                "informational": [{**_reason_dict(r), "note": self.not_gated[r.slice]}
+                                  for r in self.informational],
+                "not_gated": self.not_gated}
 
 
-def decide(measures: dict[str, dict], thresholds: Thresholds | None = None) -> Verdict:
+def _reason_dict(r: Reason) -> dict:
+    return {"slice": r.slice, "measure": r.measure, "value": r.value, "limit": r.limit,
+            "level": r.level, "text": r.text()}
+
+
+def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
+           not_gated: dict[str, str] | None = None) -> Verdict:
     """Verdict over ``{slice: {measure: value}}`` (measures without a limit are ignored).
+
+    Slices in ``not_gated`` (slice -> why) get their level and reasons as usual, but the
+    reasons go to ``informational`` and never change the decision.
 
     >>> v = decide({"numbers-en": {"kl_mean": 0.3}, "code-en": {"kl_mean": 0.001}})
     >>> v.decision, v.slices, v.reasons[0].text()
     ('NO-GO', {'numbers-en': 'NO-GO', 'code-en': 'GO'}, 'numbers-en: kl_mean 0.3 > 0.1')
+    >>> v = decide({"numbers-zh": {"kl_mean": 0.3}}, not_gated={"numbers-zh": "not gated (--languages: en)"})
+    >>> v.decision, v.slices, [r.text() for r in v.informational]
+    ('GO', {'numbers-zh': 'NO-GO'}, ['numbers-zh: kl_mean 0.3 > 0.1'])
     """
     thresholds = thresholds or Thresholds()
+    not_gated = {k: v for k, v in (not_gated or {}).items() if k in measures}
     reasons, per_slice = [], {}
     for sname, values in measures.items():
         level = GO
@@ -163,5 +182,6 @@ def decide(measures: dict[str, dict], thresholds: Thresholds | None = None) -> V
                 level = max(level, lv, key=RANK.get)
         per_slice[sname] = level
     reasons.sort(key=lambda r: -RANK[r.level])
-    decision = max(per_slice.values(), key=RANK.get, default=GO)
-    return Verdict(decision, reasons, per_slice)
+    decision = max((lv for s, lv in per_slice.items() if s not in not_gated), key=RANK.get, default=GO)
+    return Verdict(decision, [r for r in reasons if r.slice not in not_gated], per_slice,
+                   [r for r in reasons if r.slice in not_gated], not_gated)

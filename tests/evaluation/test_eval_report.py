@@ -50,12 +50,12 @@ def test_every_number_of_the_html_slice_table_is_the_jsons(saved):
     _, out = saved
     data = json.loads((out / "report.json").read_text())
     rows = parse((out / "report.html").read_text()).tables["slices"]
-    assert [text for text, _ in rows[0]][:2] == ["slice", "verdict"]
+    assert [text for text, _ in rows[0]][:4] == ["slice", "language", "verdict", "gates"]
     assert [r[0][0] for r in rows[1:]] == list(data["slices"])
     for row in rows[1:]:
-        assert row[1][0] == data["verdict"]["slices"][row[0][0]]
-    checked = check_table(rows, data, lambda row, col: f"slices.{row[0][0]}.{col}", 2)
-    shown = [c for c, _ in rows[0][2:]]
+        assert row[2][0] == data["verdict"]["slices"][row[0][0]]
+    checked = check_table(rows, data, lambda row, col: f"slices.{row[0][0]}.{col}", 4)
+    shown = [c for c, _ in rows[0][4:]]
     assert checked == sum(v.get(c) is not None for v in data["slices"].values() for c in shown) > 30
 
 

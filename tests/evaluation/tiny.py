@@ -86,16 +86,27 @@ def broken_past(model, position: int = 2048, noise: float = 1.0, seed: int = 0) 
     return m
 
 
-def digits_scrambled(model, tokenizer, noise: float = 3.0, seed: int = 0) -> LlamaForCausalLM:
-    """Embedding rows of every token containing a digit perturbed: numbers come out wrong."""
+def tokens_scrambled(model, tokenizer, pick, noise: float = 3.0, seed: int = 0) -> LlamaForCausalLM:
+    """Embedding rows of every token whose text ``pick(text)`` accepts, perturbed."""
     m = copy.deepcopy(model)
     g = torch.Generator().manual_seed(seed)
     vocab = tokenizer.get_vocab()
-    ids = [i for t, i in vocab.items() if any(c.isdigit() for c in tokenizer.convert_tokens_to_string([t]))]
+    ids = [i for t, i in vocab.items() if pick(tokenizer.convert_tokens_to_string([t]))]
     with torch.no_grad():
         emb = m.model.embed_tokens.weight
         emb[ids] += torch.randn(len(ids), emb.shape[1], generator=g) * noise * emb.std()
     return m
+
+
+def digits_scrambled(model, tokenizer, noise: float = 3.0, seed: int = 0) -> LlamaForCausalLM:
+    """Every token containing a digit perturbed: numbers come out wrong."""
+    return tokens_scrambled(model, tokenizer, lambda s: any(c.isdigit() for c in s), noise, seed)
+
+
+def non_ascii_scrambled(model, tokenizer, noise: float = 3.0, seed: int = 0) -> LlamaForCausalLM:
+    """Every token with a non-ASCII byte perturbed: Chinese text breaks, the English slices
+    (ASCII but for a handful of characters) do not."""
+    return tokens_scrambled(model, tokenizer, lambda s: any(ord(c) > 127 for c in s), noise, seed)
 
 
 def _take(sl: Slice, per_kind: int) -> Slice:
