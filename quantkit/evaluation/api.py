@@ -36,6 +36,7 @@ class EvalResult:
     public: dict[str, bool] = field(default_factory=dict)
     languages: dict[str, str | None] = field(default_factory=dict)   # slice -> language
     gate: LanguageGate = field(default_factory=LanguageGate)
+    lm_eval: dict[str, dict] = field(default_factory=dict)            # task -> metric -> base/cand/drop
 
     @property
     def decision(self) -> str:
@@ -129,12 +130,15 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
              options: SuiteOptions | None = None, calibration_log: str | Path | None = None,
              show_samples: bool = False, footprint: dict | None = None,
              module_errors: dict[str, float] | None = None, progress: bool = True,
-             meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None) -> EvalResult:
+             meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
+             lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
 
     ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
     None, the ``language:`` of the model card (README.md) in the folder the baseline was
-    loaded from, else every language (see languages.py).
+    loaded from, else every language (see languages.py). ``lm_eval_tasks`` also runs those
+    local lm-eval tasks on both models; their accuracy drop enters the verdict as
+    ``lm_eval_acc_drop`` on a slice ``lm-eval:<task>``.
 
     >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
     >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
@@ -149,6 +153,9 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     if calibration_log:
         slices = slices + business_slices(calibration_log)
     gate = language_gate(languages, None if languages else model_folder(baseline))
+    if lm_eval_tasks:
+        from .lm_eval_bridge import task_manager
+        task_manager(list(lm_eval_tasks))  # an unknown task fails now, not after the suite
     for m in (baseline, candidate):
         m.eval()
     t0, c0 = time.perf_counter(), time.process_time()
@@ -164,8 +171,16 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             seconds[sl.name] = time.perf_counter() - ts
             cpu[sl.name] = time.process_time() - cs
             bar.update(1)
+    lm = {}
+    measures = dict(values)
+    if lm_eval_tasks:
+        from .lm_eval_bridge import compare_lm_eval, lm_eval_measures
+        ts, cs = time.perf_counter(), time.process_time()
+        lm = compare_lm_eval(baseline, candidate, tokenizer, list(lm_eval_tasks), limit=lm_eval_limit)
+        measures.update(lm_eval_measures(lm))
+        seconds["lm-eval"], cpu["lm-eval"] = time.perf_counter() - ts, time.process_time() - cs
     langs = {s.name: s.language for s in slices}
-    verdict = decide(values, th, {s.name: gate.why_not() for s in slices
+    verdict = decide(measures, th, {s.name: gate.why_not() for s in slices
                                     if not gate.gates(s.language, s.public)})
     examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
@@ -174,4 +189,4 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
             "languages": gate.to_dict(), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
-                      {s.name: s.public for s in slices}, langs, gate)
+                      {s.name: s.public for s in slices}, langs, gate, lm)

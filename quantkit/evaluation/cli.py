@@ -26,7 +26,8 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                    max_len: int | None = None, eval_section: dict | None = None,
                    calibration_log: str | Path | None = None, show_samples: bool = False,
                    device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
-                   languages: str | list[str] | None = None):
+                   languages: str | list[str] | None = None, lm_eval_tasks: list[str] | None = None,
+                   lm_eval_limit: int | None = None):
     """Load both models from folders and evaluate; returns the ``EvalResult``.
 
     The languages that gate: ``languages`` (``--languages``), else the section's
@@ -54,7 +55,8 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress,
-                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)}, languages=gate)
+                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)}, languages=gate,
+                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit)
     return result
 
 
@@ -103,15 +105,10 @@ def eval_command(
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     try:
+        tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
-                                show_samples, device, gpu_mem=gpu_mem, languages=languages)
-        if lm_eval_tasks:
-            from .checkpoint import load_model, load_tokenizer, resolve_dir
-            from .lm_eval_bridge import compare_lm_eval
-            bd, cd = resolve_dir(baseline), resolve_dir(candidate)
-            result.meta["lm_eval"] = compare_lm_eval(load_model(bd, device), load_model(cd, device),
-                                                     load_tokenizer(cd, bd), lm_eval_tasks.split(","),
-                                                     limit=lm_eval_limit)
+                                show_samples, device, gpu_mem=gpu_mem, languages=languages,
+                                lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit)
         path = result.save(out or Path(candidate) / "eval")
     except QuantkitError as e:
         _fail(str(e))

@@ -52,6 +52,7 @@ def to_json(result) -> dict:
         "slices": result.slices,
         "public": result.public,
         "languages": result.languages,
+        "lm_eval": result.lm_eval,
         "kl_by_position": result.buckets,
         "worst_examples": result.examples,
         "footprint": result.footprint,
@@ -146,11 +147,18 @@ def gating_text(data: dict) -> str:
            "eval.languages": "the recipe's eval.languages"}.get(g.get("source"), str(g.get("source")))
     return (f"Languages that gate the decision: {', '.join(g['gating'])} (from {src}). Slices in other "
             "languages are measured and shown with their would-be level but do not change the decision; "
-            "business slices always gate.")
+            "business slices and lm-eval tasks always gate.")
 
 
 def _gates(data: dict, name: str) -> str:
     return data["verdict"].get("not_gated", {}).get(name, "yes")
+
+
+def _lm_rows(data: dict):
+    """(task, metric, row) for the lm-eval table, in the JSON's order."""
+    for task, metrics in (data.get("lm_eval") or {}).items():
+        for metric, row in metrics.items():
+            yield task, metric, row
 
 
 def markdown(data: dict) -> str:
@@ -171,6 +179,11 @@ def markdown(data: dict) -> str:
         lines.append(f"| {name} | {(data.get('languages') or {}).get(name) or '–'} | {v['slices'][name]} | "
                      f"{_gates(data, name)} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
     lines.append("")
+    if data.get("lm_eval"):
+        lines += ["## lm-eval tasks", "", "| task | metric | baseline | candidate | drop | verdict |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {t} | {mt} | {fmt(r['base'])} | {fmt(r['cand'])} | {fmt(r['drop'])} | "
+                  f"{v['slices'].get(f'lm-eval:{t}', '–')} |" for t, mt, r in _lm_rows(data)] + [""]
     for name, rows in data["kl_by_position"].items():
         note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
         lines += [f"## KL by position: {name}{note}", "", "| positions | tokens | mean KL |", "|---|---|---|"]
@@ -234,6 +247,15 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                      f"<td class='{e(lv)}'>{e(lv)}</td><td>{e(_gates(data, name))}</td>"
                      + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c in cols) + "</tr>")
     parts.append("</table>")
+    if data.get("lm_eval"):
+        parts.append("<h2>lm-eval tasks</h2><table id='lm_eval'><tr><th>task</th><th>metric</th><th>baseline</th>"
+                     "<th>candidate</th><th>drop</th><th>verdict</th></tr>")
+        for t, mt, r in _lm_rows(data):
+            lv = v["slices"].get(f"lm-eval:{t}", "–")
+            parts.append(f"<tr><td>{e(t)}</td><td>{e(mt)}</td>"
+                         + "".join(_cell(r.get(k), f"lm_eval.{t}.{mt}.{k}") for k in ("base", "cand", "drop"))
+                         + f"<td class='{e(lv)}'>{e(lv)}</td></tr>")
+        parts.append("</table>")
     if "slices" in images:
         parts.append(f"<img alt='per-slice measures' src='data:image/png;base64,{images['slices']}'>")
     if data["kl_by_position"]:

@@ -22,6 +22,8 @@ Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate):
 | mc_accuracy_drop      | lower  | 0.05        | 0.15       | 48 questions: one question = 0.021               |
 | extract_f1_drop       | lower  | 0.05        | 0.15       |                                                  |
 | code_pass_drop        | lower  | 0.07        | 0.20       | 12 problems: one lost problem (0.083) is REVIEW   |
+| lm_eval_acc_drop      | lower  | 0.05        | 0.15       | as mc_accuracy_drop; per --lm-eval task, its      |
+|                       |        |             |            | worst score in [0, 1] (lm_eval_bridge.py)         |
 
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 
@@ -66,6 +68,7 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "mc_accuracy_drop": Limit(0.05, 0.15, False),
     "extract_f1_drop": Limit(0.05, 0.15, False),
     "code_pass_drop": Limit(0.07, 0.20, False),
+    "lm_eval_acc_drop": Limit(0.05, 0.15, False),
 }
 
 

