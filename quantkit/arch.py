@@ -35,6 +35,10 @@ class ArchSpec:
     v_proj: str = "self_attn.v_proj"
     # RMSNorm computes x * (offset + weight): Gemma uses 1, so folded scales must account for it.
     norm_weight_offset: float = 0.0
+    # Several calibration samples may share a row: the model builds a block-causal mask from
+    # position ids that restart at 0 (transformers' packed-sequence masks), so each sample
+    # attends only to itself. tests/test_packing.py checks it per architecture.
+    packed_calibration: bool = True
 
 
 _GEMMA3 = ArchSpec(

@@ -22,7 +22,7 @@ from .arch import ArchSpec, arch_for
 from .errors import QuantkitError
 from .formats.compressed_tensors import compress_module, quantization_config, scheme_for
 from .formats.writer import ShardWriter
-from .primitives import calculate_qparams, dequantize
+from .primitives import calculate_qparams
 from .recipe import Recipe
 from .scheme import QuantScheme
 
@@ -112,8 +112,114 @@ def _layer_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def capture_inputs(model: nn.Module, layers_path: str, samples: list[list[int]], device: str):
-    """Hidden states entering layer 0 and each layer's call arguments, per sample."""
+@dataclass
+class CalibrationChunk:
+    """Calibration rows that run through a layer in one call.
+
+    ``valid`` marks the positions holding sample tokens (None: all of them); the rest is
+    padding at row ends, excluded from every statistic. ``position_ids`` restart at 0 at
+    each sample, so packed samples do not attend to each other.
+    """
+
+    input_ids: torch.Tensor                 # [rows, row_len]
+    position_ids: torch.Tensor | None
+    valid: torch.Tensor | None              # [rows, row_len] bool
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.valid.sum()) if self.valid is not None else self.input_ids.numel()
+
+
+def pack_rows(lengths: list[int], row_len: int) -> list[list[int]]:
+    """First-fit decreasing: the sample indices of each row, each row's lengths summing to <= row_len."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        n = lengths[i]
+        if n > row_len:
+            raise ValueError(f"sample {i} has {n} tokens, more than the row length {row_len}")
+        for r, room in enumerate(free):
+            if n <= room:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    return rows
+
+
+def make_chunks(samples: list[list[int]], batch_tokens: int, packed: bool = True) -> list[CalibrationChunk]:
+    """Calibration samples as batches of at most ``batch_tokens`` positions (at least one row).
+
+    ``packed``: samples share rows of the longest sample's length, position ids restarting
+    at each sample. Otherwise each row holds one sample and a batch holds samples of one
+    length (no padding, no packing).
+    """
+    lengths = [len(s) for s in samples]
+    if any(n == 0 for n in lengths):
+        raise QuantkitError("calibration: a sample has no tokens")
+    chunks: list[CalibrationChunk] = []
+    if not packed:
+        by_len: dict[int, list[int]] = {}
+        for i, n in enumerate(lengths):
+            by_len.setdefault(n, []).append(i)
+        for n, idx in sorted(by_len.items(), reverse=True):
+            per = max(1, batch_tokens // n)
+            for k in range(0, len(idx), per):
+                ids = torch.tensor([samples[i] for i in idx[k:k + per]], dtype=torch.long)
+                chunks.append(CalibrationChunk(ids, None, None))
+        return chunks
+    row_len = max(lengths)
+    rows = pack_rows(lengths, row_len)
+    per = max(1, batch_tokens // row_len)
+    for k in range(0, len(rows), per):
+        block = rows[k:k + per]
+        ids = torch.zeros(len(block), row_len, dtype=torch.long)
+        pos = torch.zeros(len(block), row_len, dtype=torch.long)
+        valid = torch.zeros(len(block), row_len, dtype=torch.bool)
+        for r, members in enumerate(block):
+            at = 0
+            for i in members:
+                n = lengths[i]
+                ids[r, at:at + n] = torch.tensor(samples[i], dtype=torch.long)
+                pos[r, at:at + n] = torch.arange(n)
+                valid[r, at:at + n] = True
+                at += n
+            # the tail is its own short "sample" of token 0: it attends only to itself
+            pos[r, at:] = torch.arange(row_len - at)
+        chunks.append(CalibrationChunk(ids, pos, None if bool(valid.all()) else valid))
+    return chunks
+
+
+def auto_batch_tokens(config, device: str) -> int:
+    """Positions per calibration batch: what fits a quarter of the free memory in one layer call."""
+    d = int(getattr(config, "hidden_size", 4096))
+    inter = int(getattr(config, "intermediate_size", 4 * d) or 4 * d)
+    elt = torch.empty(0, dtype=_config_dtype(config)).element_size()
+    # the layer's input and output, norms, q/k/v/attention output, MLP intermediates, and
+    # the fp32 copy a Hessian accumulation makes of the widest input
+    per_token = elt * (8 * d + 4 * inter) + 4 * max(d, inter)
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+    else:
+        free = _available_memory()
+    return max(1, int(free * 0.25) // per_token)
+
+
+def _available_memory() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 * 1024**3
+
+
+def capture_inputs(model: nn.Module, layers_path: str, chunks: list[CalibrationChunk], device: str):
+    """Hidden states entering layer 0 and each layer's call arguments, per chunk."""
     layers = _get(model, layers_path)
     originals = list(layers)
     calls: list[list] = [[] for _ in originals]
@@ -124,8 +230,9 @@ def capture_inputs(model: nn.Module, layers_path: str, samples: list[list[int]],
     hook = layers[0].register_forward_pre_hook(lambda m, a, kw: hidden.append(a[0] if a else kw["hidden_states"]), with_kwargs=True)
     try:
         with torch.no_grad():
-            for ids in samples:
-                base(input_ids=torch.tensor([ids], device=device), use_cache=False)
+            for c in chunks:
+                kw = {} if c.position_ids is None else {"position_ids": c.position_ids.to(device)}
+                base(input_ids=c.input_ids.to(device), use_cache=False, **kw)
     finally:
         hook.remove()
         for i, layer in enumerate(originals):
@@ -133,6 +240,19 @@ def capture_inputs(model: nn.Module, layers_path: str, samples: list[list[int]],
     per_layer_kwargs = [[kw for _, kw in c] for c in calls]
     per_layer_args = [[a for a, _ in c] for c in calls]
     return hidden, per_layer_args, per_layer_kwargs
+
+
+def _token_selector(state: dict, where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``tokens(x)`` for the chunk now running: its real tokens as ``[n, features]``."""
+    def tokens(x: torch.Tensor) -> torch.Tensor:
+        valid = state.get("valid")
+        if valid is None:
+            return x.reshape(-1, x.shape[-1])
+        if tuple(x.shape[:-1]) != tuple(valid.shape):
+            raise QuantkitError(f"{where}: a linear's input has shape {tuple(x.shape)}, not [rows, row_len, features] "
+                                f"{tuple(valid.shape)}: cannot tell calibration tokens from padding")
+        return x[valid.to(x.device)]
+    return tokens
 
 
 def _targets(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, QuantScheme]]:
@@ -176,17 +296,24 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         writer.end_unit()  # embeddings can be GBs: do not hold several at once
     source.release()
     hidden = args_per_layer = kwargs_per_layer = None
+    chunks: list[CalibrationChunk] = []
     if needs_data:
         outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
         state = {n: source.get(n) for n in outer_modules if n in source}
         model.load_state_dict(state, strict=False, assign=True)
         if getattr(config, "tie_word_embeddings", False):
             model.tie_weights()
-        hidden, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, samples, device)
+        batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
+        chunks = make_chunks(samples, batch_tokens, packed=spec.packed_calibration)
+        if log is not None:
+            rows = sum(c.input_ids.shape[0] for c in chunks)
+            log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
+                f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer")
+        hidden, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
     stats: dict[str, dict[str, Any]] = {}
     groups_used: dict[str, QuantScheme] = {}
     formats: dict[str, int] = {}
-    num_tokens = sum(len(s) for s in samples) if samples else 0
+    num_tokens = num_tokens_of(samples)
     iterator = range(len(layers))
     if progress is not None:
         iterator = progress(iterator, len(layers))
@@ -200,13 +327,39 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                 if sc is s:
                     groups_used[g] = s
         observed: dict[str, torch.Tensor] = {}
+        running: dict[str, Any] = {"valid": None}
+        tokens = _token_selector(running, prefix[:-1])
 
-        def run_layer(collect: list | None = None, _layer=layer, _i=i):
-            with torch.no_grad():
-                for j, h in enumerate(hidden):
-                    out = _layer_output(_layer(h, *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
-                    if collect is not None:
-                        collect.append(out)
+        def observe_static_inputs(_targets=targets) -> list:
+            """Hooks recording each static-activation linear's input absmax over real tokens."""
+            observed.clear()
+            hooks = []
+            for name, (m, s) in _targets.items():
+                a = s.input_activations
+                if a is not None and not a.dynamic:
+                    def observe(mod, inp, _name=name):
+                        v = tokens(inp[0].detach()).abs().amax().float()
+                        observed[_name] = torch.maximum(observed.get(_name, v), v)
+                    hooks.append(m.register_forward_pre_hook(observe))
+            return hooks
+
+        outputs: list = []
+
+        def run_layer(propagate: bool = False, _layer=layer, _i=i):
+            hooks = observe_static_inputs() if propagate else []
+            if propagate:
+                outputs.clear()
+            try:
+                with torch.no_grad():
+                    for j, h in enumerate(hidden):
+                        running["valid"] = chunks[j].valid
+                        out = _layer_output(_layer(h, *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
+                        if propagate:
+                            outputs.append(out)
+            finally:
+                running["valid"] = None
+                for hk in hooks:
+                    hk.remove()
 
         subgroups = [[n for n in sg if n in targets] for sg in spec.subgroups]
         subgroups = [sg for sg in subgroups if sg]
@@ -214,8 +367,9 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         if leftover:
             subgroups.append(leftover)
         ctx = LayerContext(i, prefix[:-1], layer, targets, subgroups,
-                           run=(lambda: run_layer()) if needs_data else _no_data,
-                           num_samples=len(samples or []), num_tokens=num_tokens)
+                           run=run_layer if needs_data else _no_data,
+                           num_samples=len(samples or []), num_tokens=num_tokens,
+                           single_pass=needs_data and len(chunks) == 1, tokens=tokens)
         results = algorithm.quantize_layer(ctx)
         missing = set(targets) - set(results)
         if missing:
@@ -223,24 +377,13 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         # Write the quantized weights back so this layer's outputs (next layer's inputs) are
         # those of the quantized model.
         for name, (m, s) in targets.items():
-            r = results[name]
-            m.weight.data = dequantize(r.q, r.scale, r.zero_point, s.weights, r.g_idx, m.weight.dtype)
-        hooks = []
-        for name, (m, s) in targets.items():
-            a = s.input_activations
-            if a is not None and not a.dynamic:
-                def observe(mod, inp, _name=name):
-                    v = inp[0].detach().abs().amax().float()
-                    observed[_name] = torch.maximum(observed.get(_name, v), v)
-                hooks.append(m.register_forward_pre_hook(observe))
+            m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
         if needs_data:
-            new_hidden: list = []
-            try:
-                run_layer(new_hidden)
-            finally:
-                for h in hooks:
-                    h.remove()
-            hidden = new_hidden
+            if not ctx.propagated:
+                # the algorithm's passes ran on other weights: one more with the final ones
+                run_layer(propagate=True)
+            hidden = list(outputs)
+            outputs.clear()
         # Pack and write every tensor of the layer.
         written = set()
         for name, (m, s) in targets.items():
@@ -262,7 +405,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         del results, targets, ctx
         writer.end_unit()
         source.release()
-        gc.collect()
+        gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
 
     ignore = _ignored_linears(model, recipe)
     qc = quantization_config(groups_used or recipe.groups, ignore)
@@ -279,7 +422,11 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                           peak_rss_bytes(), len(stats), len(layers), stats, formats)
 
 
-def _no_data() -> None:
+def num_tokens_of(samples: list[list[int]] | None) -> int:
+    return sum(len(s) for s in samples) if samples else 0
+
+
+def _no_data(propagate: bool = False) -> None:
     raise QuantkitError("calibration: this algorithm ran the layer but no calibration data was captured")
 
 

@@ -37,8 +37,14 @@ class CalibrationSettings:
     max_seq_len: int = 512
     seed: int = 0
     dataset: str | None = None  # a path; None: the embedded default sample
+    # Calibration tokens run through a layer in one call (samples packed into rows). None:
+    # as many as fit a quarter of the free memory, normally all of them (one pass per layer).
+    batch_tokens: int | None = None
 
     def __post_init__(self):
+        if self.batch_tokens is not None and (isinstance(self.batch_tokens, bool)
+                                              or not isinstance(self.batch_tokens, int) or self.batch_tokens < 1):
+            raise QuantkitError(f"calibration.batch_tokens: must be a positive integer or null, got {self.batch_tokens!r}")
         if self.num_samples < 1:
             raise QuantkitError(f"calibration.num_samples: must be >= 1, got {self.num_samples}")
         if self.max_seq_len < 8:

@@ -189,3 +189,63 @@ def test_model_built_in_memory(tmp_path):
     path = quantkit.quantize(model, {"scheme": "W8A16"}).save(tmp_path / "mem")
     ids = random_ids(1, 8, vocab=128)
     assert _rel(_logits(quantkit.load(path), ids), _logits(model, ids)) < 0.05
+
+
+# -- packed calibration: several samples per row, padding at row ends ------------------------
+def _varied_samples():
+    g = torch.Generator().manual_seed(5)
+    return [torch.randint(0, 256, (n,), generator=g).tolist() for n in (40, 9, 23, 31, 14, 40, 6, 17)]
+
+
+def _tensors(folder):
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def test_static_input_scales_ignore_padding(tiny_llama, tmp_path, monkeypatch):
+    """Padding tokens run through the model too: they must not move a static scale."""
+    import dataclasses
+
+    from quantkit import arch
+
+    samples = _varied_samples()
+    packed = _tensors(quantkit.quantize(tiny_llama, {"scheme": "FP8"}, calibration=samples).save(tmp_path / "p"))
+    spec = arch.ARCHITECTURES["LlamaForCausalLM"]
+    monkeypatch.setitem(arch.ARCHITECTURES, "LlamaForCausalLM", dataclasses.replace(spec, packed_calibration=False))
+    alone = _tensors(quantkit.quantize(tiny_llama, {"scheme": "FP8"}, calibration=samples).save(tmp_path / "a"))
+    scales = [k for k in packed if k.endswith("input_scale")]
+    assert len(scales) == 14
+    for k in scales:
+        torch.testing.assert_close(packed[k], alone[k], rtol=1e-5, atol=0)
+
+
+def test_gptq_one_pass_and_batched_reruns_agree(tiny_llama, tmp_path):
+    """One call per layer (solve in the hooks) against one row per call (re-run per sub-group)."""
+    samples = _varied_samples()
+    recipe = {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq", "true_sequential": True}}
+    one = quantkit.quantize(tiny_llama, recipe, calibration=samples)
+    rows = quantkit.quantize(tiny_llama, {**recipe, "calibration": {"batch_tokens": 40}}, calibration=samples)
+    a, b = _tensors(one.save(tmp_path / "one")), _tensors(rows.save(tmp_path / "rows"))
+    log_a = json.loads((tmp_path / "one" / "quantization_log.json").read_text())["modules"]
+    log_b = json.loads((tmp_path / "rows" / "quantization_log.json").read_text())["modules"]
+    for name, st in log_a.items():
+        # the Hessians saw the samples' tokens, not the padding
+        assert st["tokens"] == log_b[name]["tokens"] == sum(map(len, samples)), name
+    # same objective up to summation order; a flipped code feeds every later column and layer
+    total = [sum(log[n]["loss"] / log[n]["rtn_loss"] for n in log) for log in (log_a, log_b)]
+    assert total[0] == pytest.approx(total[1], rel=0.02)
+    from quantkit.formats.packing import unpack_int32
+
+    packed = [k for k in a if k.endswith("weight_packed")]
+    assert len(packed) == 14
+    codes = {k: [unpack_int32(t[k], 4, tuple(t[k.replace("packed", "shape")].tolist())) for t in (a, b)] for k in packed}
+    differ = sum(int((x != y).sum()) for x, y in codes.values()) / sum(x.numel() for x, _ in codes.values())
+    assert differ < 0.1
+    ids = random_ids(2, 24, seed=9)
+    m1, m2, ref = quantkit.load(tmp_path / "one"), quantkit.load(tmp_path / "rows"), AutoModelForCausalLM.from_pretrained(tiny_llama)
+    l1, l2, l0 = _logits(m1, ids), _logits(m2, ids), _logits(ref, ids)
+    assert _rel(l1, l2) < 0.5 * _rel(l2, l0)  # two near-equal solutions, not two models

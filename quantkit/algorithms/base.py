@@ -31,23 +31,58 @@ class QuantizedWeight:
     g_idx: torch.Tensor | None = None
     stats: dict[str, Any] = field(default_factory=dict)
 
+    def dequantized(self, args, dtype: torch.dtype) -> torch.Tensor:
+        """The weight the quantized model computes with: what the pipeline writes back."""
+        from ..primitives import dequantize
+
+        return dequantize(self.q, self.scale, self.zero_point, args, self.g_idx, dtype)
+
 
 @dataclass
 class LayerContext:
-    """What an algorithm sees of one decoder layer."""
+    """What an algorithm sees of one decoder layer.
+
+    ``run(propagate)`` runs the layer over every captured calibration input; the pipeline
+    provides it. Calibration inputs are packed into batches of rows (several samples per row,
+    padding at row ends), so a hook sees ``[rows, row_len, features]`` tensors: pass them
+    through ``tokens(x)`` to get the real tokens only, ``[n, features]``.
+
+    ``single_pass`` is True when the whole calibration set goes through the layer in one
+    call: a forward pre-hook on a linear then sees every calibration token of that linear at
+    once, so an algorithm can quantize each linear inside its hook, before the linear runs,
+    and the rest of the layer computes on quantized outputs (true-sequential order at the
+    cost of one pass).
+
+    ``forward(propagate=True)`` promises that every target linear holds its final quantized
+    weight (exactly ``QuantizedWeight.dequantized``) by the time it runs in that pass; the
+    pipeline then takes that pass's outputs as the next layer's inputs (and its static
+    activation observations) instead of running the layer again.
+    """
 
     index: int
     name: str
     layer: nn.Module
     targets: dict[str, tuple[nn.Linear, QuantScheme]]
     subgroups: list[list[str]]
-    run: Callable[[], None]
+    run: Callable[..., Any]
     num_samples: int = 0
     num_tokens: int = 0
+    single_pass: bool = False
+    tokens: Callable[[torch.Tensor], torch.Tensor] = field(
+        default=lambda x: x.reshape(-1, x.shape[-1]))
+    propagated: bool = False
 
-    def forward(self) -> None:
-        """Run the layer over every captured calibration input (hooks see the real inputs)."""
-        self.run()
+    def forward(self, propagate: bool = False) -> None:
+        """Run the layer over every captured calibration input (hooks see the real inputs).
+
+        With ``propagate=True`` the pass's outputs become the next layer's inputs (see the
+        class docstring for the promise this makes).
+        """
+        if propagate:
+            self.run(propagate=True)
+            self.propagated = True
+        else:
+            self.run()
 
 
 class Algorithm(ABC):
