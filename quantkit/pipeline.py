@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,6 +220,55 @@ def _available_memory() -> int:
     return 8 * 1024**3
 
 
+class ActivationStore:
+    """The hidden states entering the current layer, one tensor per calibration batch.
+
+    In memory, or (``folder`` given) in safetensors files there, so that only the batch
+    being run is resident: for models whose calibration activations do not fit in memory.
+    ``put_next`` records a batch's output; ``advance`` makes the outputs the next inputs.
+    """
+
+    def __init__(self, first: list[torch.Tensor], folder: Path | None = None, device: str = "cpu"):
+        self.folder, self.device, self.generation = folder, device, 0
+        self._mem: list[torch.Tensor | None] = []
+        self._next: dict[int, torch.Tensor] = {}
+        self.count = len(first)
+        for j, t in enumerate(first):
+            self._write(0, j, t)
+
+    def _file(self, generation: int, j: int) -> Path:
+        return self.folder / f"hidden-{generation % 2}-{j:06d}.safetensors"
+
+    def _write(self, generation: int, j: int, t: torch.Tensor) -> None:
+        if self.folder is None:
+            if generation == self.generation:
+                self._mem.append(t)
+            else:
+                self._next[j] = t
+            return
+        from safetensors.torch import save_file
+
+        save_file({"hidden": t.detach().contiguous().cpu()}, str(self._file(generation, j)))
+
+    def get(self, j: int) -> torch.Tensor:
+        if self.folder is None:
+            return self._mem[j]
+        from safetensors.torch import load_file
+
+        return load_file(str(self._file(self.generation, j)), device=str(self.device))["hidden"]
+
+    def put_next(self, j: int, t: torch.Tensor) -> None:
+        self._write(self.generation + 1, j, t)
+
+    def advance(self) -> None:
+        if self.folder is None:
+            if len(self._next) != self.count:
+                raise RuntimeError(f"{self.count - len(self._next)} calibration batches have no output")
+            self._mem = [self._next[j] for j in range(self.count)]
+            self._next = {}
+        self.generation += 1
+
+
 def capture_inputs(model: nn.Module, layers_path: str, chunks: list[CalibrationChunk], device: str):
     """Hidden states entering layer 0 and each layer's call arguments, per chunk."""
     layers = _get(model, layers_path)
@@ -296,6 +347,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         writer.end_unit()  # embeddings can be GBs: do not hold several at once
     source.release()
     hidden = args_per_layer = kwargs_per_layer = None
+    offload_dir: Path | None = None
     chunks: list[CalibrationChunk] = []
     if needs_data:
         outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
@@ -309,7 +361,11 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             rows = sum(c.input_ids.shape[0] for c in chunks)
             log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
                 f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer")
-        hidden, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
+        first, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
+        if recipe.calibration.offload:
+            offload_dir = Path(tempfile.mkdtemp(prefix=".quantkit-activations-", dir=writer.tmp.parent))
+        hidden = ActivationStore(first, offload_dir, device)
+        del first
     stats: dict[str, dict[str, Any]] = {}
     groups_used: dict[str, QuantScheme] = {}
     formats: dict[str, int] = {}
@@ -317,95 +373,96 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     iterator = range(len(layers))
     if progress is not None:
         iterator = progress(iterator, len(layers))
-    for i in iterator:
-        layer = layers[i]
-        prefix = f"{spec.layers}.{i}."
-        _materialize(layer, prefix, source, device)
-        targets = _targets(layer, prefix, recipe)
-        for _, (_, s) in targets.items():
-            for g, sc in recipe.groups.items():
-                if sc is s:
-                    groups_used[g] = s
-        observed: dict[str, torch.Tensor] = {}
-        running: dict[str, Any] = {"valid": None}
-        tokens = _token_selector(running, prefix[:-1])
+    try:
+        for i in iterator:
+            layer = layers[i]
+            prefix = f"{spec.layers}.{i}."
+            _materialize(layer, prefix, source, device)
+            targets = _targets(layer, prefix, recipe)
+            for _, (_, s) in targets.items():
+                for g, sc in recipe.groups.items():
+                    if sc is s:
+                        groups_used[g] = s
+            observed: dict[str, torch.Tensor] = {}
+            running: dict[str, Any] = {"valid": None}
+            tokens = _token_selector(running, prefix[:-1])
 
-        def observe_static_inputs(_targets=targets) -> list:
-            """Hooks recording each static-activation linear's input absmax over real tokens."""
-            observed.clear()
-            hooks = []
-            for name, (m, s) in _targets.items():
-                a = s.input_activations
-                if a is not None and not a.dynamic:
-                    def observe(mod, inp, _name=name):
-                        v = tokens(inp[0].detach()).abs().amax().float()
-                        observed[_name] = torch.maximum(observed.get(_name, v), v)
-                    hooks.append(m.register_forward_pre_hook(observe))
-            return hooks
+            def observe_static_inputs(_targets=targets) -> list:
+                """Hooks recording each static-activation linear's input absmax over real tokens."""
+                observed.clear()
+                hooks = []
+                for name, (m, s) in _targets.items():
+                    a = s.input_activations
+                    if a is not None and not a.dynamic:
+                        def observe(mod, inp, _name=name):
+                            v = tokens(inp[0].detach()).abs().amax().float()
+                            observed[_name] = torch.maximum(observed.get(_name, v), v)
+                        hooks.append(m.register_forward_pre_hook(observe))
+                return hooks
 
-        outputs: list = []
+            def run_layer(propagate: bool = False, _layer=layer, _i=i):
+                hooks = observe_static_inputs() if propagate else []
+                try:
+                    with torch.no_grad():
+                        for j in range(hidden.count):
+                            running["valid"] = chunks[j].valid
+                            out = _layer_output(_layer(hidden.get(j), *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
+                            if propagate:
+                                hidden.put_next(j, out)
+                            del out
+                finally:
+                    running["valid"] = None
+                    for hk in hooks:
+                        hk.remove()
 
-        def run_layer(propagate: bool = False, _layer=layer, _i=i):
-            hooks = observe_static_inputs() if propagate else []
-            if propagate:
-                outputs.clear()
-            try:
-                with torch.no_grad():
-                    for j, h in enumerate(hidden):
-                        running["valid"] = chunks[j].valid
-                        out = _layer_output(_layer(h, *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
-                        if propagate:
-                            outputs.append(out)
-            finally:
-                running["valid"] = None
-                for hk in hooks:
-                    hk.remove()
+            subgroups = [[n for n in sg if n in targets] for sg in spec.subgroups]
+            subgroups = [sg for sg in subgroups if sg]
+            leftover = [n for n in targets if not any(n in sg for sg in subgroups)]
+            if leftover:
+                subgroups.append(leftover)
+            ctx = LayerContext(i, prefix[:-1], layer, targets, subgroups,
+                               run=run_layer if needs_data else _no_data,
+                               num_samples=len(samples or []), num_tokens=num_tokens,
+                               single_pass=needs_data and len(chunks) == 1, tokens=tokens)
+            results = algorithm.quantize_layer(ctx)
+            missing = set(targets) - set(results)
+            if missing:
+                raise RuntimeError(f"{recipe.algorithm} returned no result for {sorted(missing)}")
+            # Write the quantized weights back so this layer's outputs (next layer's inputs) are
+            # those of the quantized model.
+            for name, (m, s) in targets.items():
+                m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
+            if needs_data:
+                if not ctx.propagated:
+                    # the algorithm's passes ran on other weights: one more with the final ones
+                    run_layer(propagate=True)
+                hidden.advance()
+            # Pack and write every tensor of the layer.
+            written = set()
+            for name, (m, s) in targets.items():
+                r = results[name]
+                input_scale = None
+                if name in observed:
+                    amax = observed[name].reshape(1)
+                    input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
+                tensors = compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale)
+                for k, t in tensors.items():
+                    writer.add(f"{prefix}{name}.{k}", t)
+                written.update({f"{name}.weight", f"{name}.bias"})
+                stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
+                formats[s.format] = formats.get(s.format, 0) + 1
+            for pname, p in layer.named_parameters():
+                if pname not in written:
+                    writer.add(f"{prefix}{pname}", source.get(f"{prefix}{pname}"))
+            _dematerialize(layer)
+            del results, targets, ctx
+            writer.end_unit()
+            source.release()
+            gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
 
-        subgroups = [[n for n in sg if n in targets] for sg in spec.subgroups]
-        subgroups = [sg for sg in subgroups if sg]
-        leftover = [n for n in targets if not any(n in sg for sg in subgroups)]
-        if leftover:
-            subgroups.append(leftover)
-        ctx = LayerContext(i, prefix[:-1], layer, targets, subgroups,
-                           run=run_layer if needs_data else _no_data,
-                           num_samples=len(samples or []), num_tokens=num_tokens,
-                           single_pass=needs_data and len(chunks) == 1, tokens=tokens)
-        results = algorithm.quantize_layer(ctx)
-        missing = set(targets) - set(results)
-        if missing:
-            raise RuntimeError(f"{recipe.algorithm} returned no result for {sorted(missing)}")
-        # Write the quantized weights back so this layer's outputs (next layer's inputs) are
-        # those of the quantized model.
-        for name, (m, s) in targets.items():
-            m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
-        if needs_data:
-            if not ctx.propagated:
-                # the algorithm's passes ran on other weights: one more with the final ones
-                run_layer(propagate=True)
-            hidden = list(outputs)
-            outputs.clear()
-        # Pack and write every tensor of the layer.
-        written = set()
-        for name, (m, s) in targets.items():
-            r = results[name]
-            input_scale = None
-            if name in observed:
-                amax = observed[name].reshape(1)
-                input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
-            tensors = compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale)
-            for k, t in tensors.items():
-                writer.add(f"{prefix}{name}.{k}", t)
-            written.update({f"{name}.weight", f"{name}.bias"})
-            stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
-            formats[s.format] = formats.get(s.format, 0) + 1
-        for pname, p in layer.named_parameters():
-            if pname not in written:
-                writer.add(f"{prefix}{pname}", source.get(f"{prefix}{pname}"))
-        _dematerialize(layer)
-        del results, targets, ctx
-        writer.end_unit()
-        source.release()
-        gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
+    finally:
+        if offload_dir is not None:
+            shutil.rmtree(offload_dir, ignore_errors=True)
 
     ignore = _ignored_linears(model, recipe)
     qc = quantization_config(groups_used or recipe.groups, ignore)

@@ -40,8 +40,13 @@ class CalibrationSettings:
     # Calibration tokens run through a layer in one call (samples packed into rows). None:
     # as many as fit a quarter of the free memory, normally all of them (one pass per layer).
     batch_tokens: int | None = None
+    # Keep the calibration hidden states in files next to the output between layers (only
+    # the batch being run is in memory): for models whose activations do not fit.
+    offload: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.offload, bool):
+            raise QuantkitError(f"calibration.offload: must be true or false, got {self.offload!r}")
         if self.batch_tokens is not None and (isinstance(self.batch_tokens, bool)
                                               or not isinstance(self.batch_tokens, int) or self.batch_tokens < 1):
             raise QuantkitError(f"calibration.batch_tokens: must be a positive integer or null, got {self.batch_tokens!r}")

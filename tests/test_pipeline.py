@@ -249,3 +249,23 @@ def test_gptq_one_pass_and_batched_reruns_agree(tiny_llama, tmp_path):
     m1, m2, ref = quantkit.load(tmp_path / "one"), quantkit.load(tmp_path / "rows"), AutoModelForCausalLM.from_pretrained(tiny_llama)
     l1, l2, l0 = _logits(m1, ids), _logits(m2, ids), _logits(ref, ids)
     assert _rel(l1, l2) < 0.5 * _rel(l2, l0)  # two near-equal solutions, not two models
+
+
+def test_offloaded_activations_give_the_same_checkpoint(tiny_llama, tmp_path):
+    samples = _varied_samples()
+    recipe = {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq"},
+              "calibration": {"batch_tokens": 80}}
+    mem = quantkit.quantize(tiny_llama, recipe, calibration=samples)
+    recipe["calibration"]["offload"] = True
+    disk = quantkit.quantize(tiny_llama, recipe, calibration=samples, workdir=tmp_path / "work")
+    a, b = _tensors(mem.save(tmp_path / "mem")), _tensors(disk.save(tmp_path / "disk"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # the activation files are gone, and never were in the checkpoint
+    assert not list((tmp_path / "work").glob(".quantkit-activations-*"))
+    assert sorted(p.name for p in (tmp_path / "disk").iterdir()) == sorted(p.name for p in (tmp_path / "mem").iterdir())
+
+
+def test_offload_must_be_a_boolean(tiny_llama):
+    with pytest.raises(quantkit.QuantkitError, match="calibration.offload"):
+        quantkit.quantize(tiny_llama, {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq"},
+                                       "calibration": {"offload": "yes"}}, calibration=_varied_samples())

@@ -219,8 +219,58 @@ def quantize_weight(
     - Raises ``QuantkitError`` on NaN/Inf inputs or when no damping up to
       ``dampening_frac * 10**max_damping_retries`` makes ``H`` factorisable.
     """
-    with _one_thread(W.device):
-        return _quantize_weight(W, H, args, block_size, dampening_frac, max_damping_retries, static_groups)
+    return _quantize_weight(W, H, args, block_size, dampening_frac, max_damping_retries, static_groups)
+
+
+def _column_loop(Wt, Hinv, codes_t, Q_t, scale, zp, members, is_first, group_list, col_params, col_args,
+                 qmin, qmax, block_size, out_dtype) -> None:
+    """The GPTQ column loop over ``Wt`` (W^T, solve order), writing codes and values row-wise."""
+    cols = Wt.shape[0]
+    lazy_groups = members is not None
+    params = None if group_list is not None else col_params(None)
+    params_g = -1
+    for i1 in range(0, cols, block_size):
+        i2 = min(i1 + block_size, cols)
+        W1 = Wt[i1:i2].clone()
+        Err1 = torch.zeros_like(W1)
+        Hinv1 = Hinv[i1:i2, i1:i2]
+        for i in range(i2 - i1):
+            p = i1 + i
+            if lazy_groups and p in is_first:
+                g = is_first[p]
+                mem = members[g]
+                current = Wt[mem]
+                in_block = mem < i2
+                current[in_block] = W1[mem[in_block] - i1]
+                later = ~in_block
+                if i > 0 and bool(later.any()):
+                    current[later] -= Hinv[i1:p][:, mem[later]].T @ Err1[:i]
+                s, z = weight_qparams(current.T, col_args)
+                scale[:, g] = s[:, 0].to(out_dtype)
+                if zp is not None:
+                    zp[:, g] = z[:, 0]
+            if group_list is not None and group_list[p] != params_g:
+                params_g = group_list[p]
+                params = col_params(params_g)
+            s32, z32, s_out, z_out = params
+
+            w = W1[i]
+            v = w / s32
+            if z32 is not None:
+                v += z32
+            c = v.round_().clamp_(qmin, qmax)
+            if out_dtype == GPTQ_PRECISION:
+                q = (c - z_out) * s_out if z_out is not None else c * s_out
+            else:
+                cq = c.to(out_dtype)
+                q = ((cq - z_out) * s_out if z_out is not None else cq * s_out).to(GPTQ_PRECISION)
+            codes_t[p] = c
+            Q_t[p] = q
+            err = Err1[i]
+            torch.sub(w, q, out=err)
+            err /= Hinv1[i, i]
+            W1[i + 1:].addr_(Hinv1[i, i + 1:], err, alpha=-1.0)
+        Wt[i2:].addmm_(Hinv[i1:i2, i2:].T, Err1, alpha=-1.0)
 
 
 def _quantize_weight(
@@ -305,51 +355,10 @@ def _quantize_weight(
     codes_t = torch.empty(cols, rows, dtype=torch.int8, device=Wt.device)
     Q_t = torch.empty(cols, rows, dtype=GPTQ_PRECISION, device=Wt.device)
     qmin, qmax = float(args.qmin), float(args.qmax)
-    params = None if args.strategy == "group" else col_params(None)
-    params_g = -1
-
-    for i1 in range(0, cols, block_size):
-        i2 = min(i1 + block_size, cols)
-        W1 = Wt[i1:i2].clone()
-        Err1 = torch.zeros_like(W1)
-        Hinv1 = Hinv[i1:i2, i1:i2]
-        for i in range(i2 - i1):
-            p = i1 + i
-            if lazy_groups and p in is_first:
-                g = is_first[p]
-                mem = members[g]
-                current = Wt[mem]
-                in_block = mem < i2
-                current[in_block] = W1[mem[in_block] - i1]
-                later = ~in_block
-                if i > 0 and bool(later.any()):
-                    current[later] -= Hinv[i1:p][:, mem[later]].T @ Err1[:i]
-                s, z = weight_qparams(current.T, col_args)
-                scale[:, g] = s[:, 0].to(out_dtype)
-                if zp is not None:
-                    zp[:, g] = z[:, 0]
-            if group_list is not None and group_list[p] != params_g:
-                params_g = group_list[p]
-                params = col_params(params_g)
-            s32, z32, s_out, z_out = params
-
-            w = W1[i]
-            v = w / s32
-            if z32 is not None:
-                v += z32
-            c = v.round_().clamp_(qmin, qmax)
-            if out_dtype == GPTQ_PRECISION:
-                q = (c - z_out) * s_out if z_out is not None else c * s_out
-            else:
-                cq = c.to(out_dtype)
-                q = ((cq - z_out) * s_out if z_out is not None else cq * s_out).to(GPTQ_PRECISION)
-            codes_t[p] = c
-            Q_t[p] = q
-            err = Err1[i]
-            torch.sub(w, q, out=err)
-            err /= Hinv1[i, i]
-            W1[i + 1:].addr_(Hinv1[i, i + 1:], err, alpha=-1.0)
-        Wt[i2:].addmm_(Hinv[i1:i2, i2:].T, Err1, alpha=-1.0)
+    with _one_thread(Wt.device):
+        _column_loop(Wt, Hinv, codes_t, Q_t, scale, zp, members if lazy_groups else None,
+                     is_first if lazy_groups else {}, group_list, col_params, col_args, qmin, qmax,
+                     block_size, out_dtype)
     del Wt, Hinv
     codes = codes_t.T.contiguous()
     Q = Q_t.T.contiguous()
@@ -367,11 +376,11 @@ def _quantize_weight(
     W_in = W_in.to(GPTQ_PRECISION)
     rtn_q, rtn_s, rtn_z = rtn_quantize_weight(W_in.to(out_dtype), args)
     rtn_delta = W_in - dequantize(rtn_q, rtn_s, rtn_z, args).to(GPTQ_PRECISION)
+    # one product for the three health figures (one GEMM runs faster than three small ones)
+    row_loss, row_rtn_loss, row_energy = _output_error(torch.cat([W_in - Q, rtn_delta, W_in]), H_obj).split(rows)
     return GPTQResult(
         q=codes, scale=scale, zero_point=zp, g_idx=g_idx, w_hat=Q.to(out_dtype),
-        row_loss=_output_error(W_in - Q, H_obj),
-        row_rtn_loss=_output_error(rtn_delta, H_obj),
-        row_energy=_output_error(W_in, H_obj),
+        row_loss=row_loss, row_rtn_loss=row_rtn_loss, row_energy=row_energy,
         damping=inv.damping, damping_retries=inv.retries, dead_columns=n_dead,
     )
 
@@ -446,11 +455,14 @@ class GPTQ(Algorithm):
         max_damping_retries: tenfold damping increases tried when Cholesky fails, before
             the layer fails with an error (never a silent fall back to rounding).
         true_sequential: quantize the layer's sub-groups (attention inputs, attention
-            output, MLP inputs, MLP output) one after another, re-running the layer so each
-            sub-group's Hessian sees the already-quantized earlier ones. Off by default:
-            each re-run is a full pass over the calibration set (five passes per layer
-            instead of two, counting the pipeline's), and the layer's output is already
-            propagated quantized to the next layer either way.
+            output, MLP inputs, MLP output) one after another, so each sub-group's Hessian
+            sees the already-quantized earlier ones. When the calibration set runs through
+            a layer in one call (``calibration.batch_tokens``: by default as many tokens as
+            fit a quarter of the free memory) this takes one pass per layer: each linear is
+            solved in its forward pre-hook, and that pass's output is propagated. Otherwise
+            the layer is re-run once per sub-group, plus the propagation pass. Off: every
+            Hessian comes from the layer with float weights (one pass), plus the
+            propagation pass.
         static_groups: group qparams from the original weight before the solve, instead of
             from the error-updated columns when the solve reaches each group.
         offload_hessians: keep Hessians on the CPU between accumulation and solve.
