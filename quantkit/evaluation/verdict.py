@@ -6,24 +6,39 @@ reason naming the slice, the measure, the value and the limit. Slices in languag
 model is not for (languages.py: ``--languages``, else the model card) are measured and
 get their level, but their breaches are information only and never change the decision.
 
-Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate):
+Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate), derived
+from the full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, issue 6),
+RTN checkpoints, on the gated (English) slices. Evidence columns: W8A16's worst slice,
+FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay NO-GO).
 
-| measure               | better | REVIEW past | NO-GO past | why this level                                   |
-|-----------------------|--------|-------------|------------|--------------------------------------------------|
-| kl_mean               | lower  | 0.02        | 0.10       | W8A16 on SmolLM2: 0.003-0.014; W4 RTN g64: 0.4-0.9 |
-| top1_agreement        | higher | 0.90        | 0.75       | W8A16 on SmolLM2: 0.94-0.97 (a small model's      |
-|                       |        |             |            | near-ties flip on Chinese text); W4 RTN: 0.42-0.73 |
-| ppl_increase          | lower  | 0.03        | 0.10       | ratio candidate/baseline - 1                      |
-| focus_kl_mean         | lower  | 0.04        | 0.20       | digits, names, brackets: looser, fewer tokens     |
-| focus_top1_agreement  | higher | 0.88        | 0.70       | fewer tokens than top1_agreement: looser         |
-| kl_worst_bucket       | lower  | 0.04        | 0.20       | long slices: the worst position bucket            |
-| gen_agreement         | higher | 0.40        | 0.15       | greedy paths fork on near-ties even when fine:   |
-|                       |        |             |            | W8A16 0.75-1.0, W4 RTN 0-0.17                     |
-| mc_accuracy_drop      | lower  | 0.05        | 0.15       | 48 questions: one question = 0.021               |
-| extract_f1_drop       | lower  | 0.05        | 0.15       |                                                  |
-| code_pass_drop        | lower  | 0.07        | 0.20       | 12 problems: one lost problem (0.083) is REVIEW   |
-| lm_eval_acc_drop      | lower  | 0.05        | 0.15       | as mc_accuracy_drop; per --lm-eval task, its      |
-|                       |        |             |            | worst score in [0, 1] (lm_eval_bridge.py)         |
+| measure              | better | REVIEW past | NO-GO past | W8A16 | FP8_DYN | W4 RTN | why this level                       |
+|----------------------|--------|-------------|------------|-------|---------|--------|--------------------------------------|
+| kl_mean              | lower  | 0.06        | 0.10       | 0.004 | 0.042   | 0.42   | 1.4x FP8's worst (names-en); NO-GO   |
+|                      |        |             |            |       |         |        | kept (llama.cpp 7B: Q3_K_M 0.05-0.07)|
+| top1_agreement       | higher | 0.87        | 0.75       | 0.964 | 0.895   | 0.69   | 1.25x FP8's worst disagreement       |
+| ppl_increase         | lower  | 0.10        | 0.20       | 0.006 | 0.067   | 0.28   | 1.5x FP8's worst; NO-GO raised from  |
+|                      |        |             |            |       |         |        | 0.10 (the REVIEW band needs room),   |
+|                      |        |             |            |       |         |        | still 1.4x under W4 RTN's best       |
+| focus_kl_mean        | lower  | 0.11        | 0.20       | 0.008 | 0.078   | 0.24   | digits, names, brackets: 1.4x FP8's  |
+|                      |        |             |            |       |         |        | worst (names-en)                     |
+| focus_top1_agreement | higher | 0.83        | 0.70       | 0.969 | 0.862   | 0.75   | 1.25x FP8's worst disagreement       |
+| kl_worst_bucket      | lower  | 0.11        | 0.20       | 0.007 | 0.079   | 0.76   | long-en's worst position bucket:     |
+|                      |        |             |            |       |         |        | 1.4x FP8                             |
+| gen_agreement        | higher | 0.25        | 0.15       | 0.46  | 0.32    | 0.05   | 8 prompts x 32 greedy tokens fork on |
+|                      |        |             |            |       |         |        | near-ties even at 8 bits: ~2 tokens  |
+|                      |        |             |            |       |         |        | of 32 under FP8's worst (names-en)   |
+| mc_accuracy_drop     | lower  | 0.05        | 0.15       | 0     | 0       | -0.04  | 48 questions: one question = 0.021   |
+| extract_f1_drop      | lower  | 0.05        | 0.15       | -0.01 | -0.08   | 0.065  | W4 RTN numbers-en: REVIEW            |
+| code_pass_drop       | lower  | 0.07        | 0.20       | 0     | 0       | 0      | 12 problems: one lost (0.083) REVIEW |
+| lm_eval_acc_drop     | lower  | 0.05        | 0.15       |       |         |        | as mc_accuracy_drop; per --lm-eval   |
+|                      |        |             |            |       |         |        | task, its worst score in [0, 1]      |
+
+So on SmolLM2, W8A16 and FP8_DYNAMIC are GO on English and W4A16 RTN is NO-GO on every
+English text slice. The REVIEW limits sit 1.25-1.5x above FP8_DYNAMIC's worst English
+error (a candidate a little worse than FP8 still passes; one clearly worse is reviewed),
+not more; the NO-GO limits are unchanged but for ppl_increase. On Chinese text this
+English-only model breaks more easily (FP8_DYNAMIC: numbers-zh KL 0.081, greedy agreement
+0.05): those slices are measured and shown but gate only when asked (languages.py).
 
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 
@@ -58,13 +73,13 @@ class Limit:
 
 
 DEFAULT_LIMITS: dict[str, Limit] = {
-    "kl_mean": Limit(0.02, 0.10, False),
-    "top1_agreement": Limit(0.90, 0.75, True),
-    "ppl_increase": Limit(0.03, 0.10, False),
-    "focus_kl_mean": Limit(0.04, 0.20, False),
-    "focus_top1_agreement": Limit(0.88, 0.70, True),
-    "kl_worst_bucket": Limit(0.04, 0.20, False),
-    "gen_agreement": Limit(0.40, 0.15, True),
+    "kl_mean": Limit(0.06, 0.10, False),
+    "top1_agreement": Limit(0.87, 0.75, True),
+    "ppl_increase": Limit(0.10, 0.20, False),
+    "focus_kl_mean": Limit(0.11, 0.20, False),
+    "focus_top1_agreement": Limit(0.83, 0.70, True),
+    "kl_worst_bucket": Limit(0.11, 0.20, False),
+    "gen_agreement": Limit(0.25, 0.15, True),
     "mc_accuracy_drop": Limit(0.05, 0.15, False),
     "extract_f1_drop": Limit(0.05, 0.15, False),
     "code_pass_drop": Limit(0.07, 0.20, False),
