@@ -97,6 +97,9 @@ def plots(data: dict) -> dict[str, str]:
         axes[1].set_title("top-1 agreement")
         for ax in axes:
             ax.tick_params(axis="x", rotation=40)
+            for label in ax.get_xticklabels():  # long names: anchor each label at its bar
+                label.set_horizontalalignment("right")
+                label.set_rotation_mode("anchor")
         out["slices"] = _png(fig)
     if data["kl_by_position"]:
         fig, ax = plt.subplots(figsize=(7, 3.6))
@@ -143,7 +146,7 @@ def gating_text(data: dict) -> str:
     g = (data["meta"].get("languages") or {})
     if not g.get("gating"):
         return "Every slice gates the decision (no language restriction)."
-    src = {"model card": "the baseline's model card (README.md)", "--languages": "--languages",
+    src = {"model card": "the baseline's model card, README.md", "--languages": "--languages",
            "eval.languages": "the recipe's eval.languages"}.get(g.get("source"), str(g.get("source")))
     return (f"Languages that gate the decision: {', '.join(g['gating'])} (from {src}). Slices in other "
             "languages are measured and shown with their would-be level but do not change the decision; "
