@@ -31,14 +31,20 @@ def two_threads():
     torch.set_num_threads(n)
 
 
+def test_the_default_model_gates_on_english(smol):
+    from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
+    assert language_gate(None, model_folder(smol[0])) == LanguageGate(("en",), "model card")
+
+
 def test_default_thresholds_on_smollm2(smol):
     model, tok = smol
     suite = "numbers-zh,code-en,knowledge-en,long-en"
+    # SmolLM2's model card says English; the thresholds are checked on Chinese text too
     good = evaluate(model, fake_quant_linears(model, 8), tok, suite=suite, max_len=1024, options=OPTS,
-                    progress=False)
+                    progress=False, languages="en,zh")
     assert good.decision == GO, [r.text() for r in good.verdict.reasons]
     assert all(v["kl_mean"] < 0.01 for k, v in good.slices.items() if "kl_mean" in v)
     bad = evaluate(model, scaled_layer(model, 10, 4.0), tok, suite=suite, max_len=1024, options=OPTS,
-                   progress=False)
+                   progress=False, languages="en,zh")
     assert bad.decision == NOGO
     assert {r.slice for r in bad.verdict.reasons if r.level == NOGO} >= {"numbers-zh", "code-en", "long-en"}
