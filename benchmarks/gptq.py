@@ -24,7 +24,7 @@ see ``benchmarks/gemma3.py``), or a local HF folder.
 
 Usage:
     python benchmarks/gptq.py --model smollm2 --samples 32 --seq-len 512
-    python benchmarks/gptq.py --model gemma3 --no-llmc --actorder
+    python benchmarks/gptq.py --model gemma3 --no-llmc --actorder none,weight,group
 """
 
 from __future__ import annotations
@@ -131,10 +131,10 @@ def load_tokenizer(folder: Path):
 
 
 # -- workers (each in its own process) --------------------------------------------------------
-def scheme_dict(group_size: int, actorder: str | None) -> dict:
+def scheme_dict(group_size: int, actorder: str | None, observer: str = "minmax") -> dict:
     return {"group_0": {"targets": ["Linear"], "weights": {
         "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
-        "group_size": group_size, "actorder": actorder}}}
+        "group_size": group_size, "actorder": actorder, "observer": observer}}}
 
 
 def worker_quantkit(spec: dict) -> dict:
@@ -152,7 +152,9 @@ def worker_quantkit(spec: dict) -> dict:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         out["peak_rss_mb_quantize"] = None
     else:
-        recipe = {"version": 1, "config_groups": scheme_dict(spec["group_size"], spec.get("actorder")),
+        # RTN is the plain min-max baseline the issue defines; --observer applies to GPTQ runs
+        observer = spec.get("observer", "minmax") if spec["algorithm"] == "gptq" else "minmax"
+        recipe = {"version": 1, "config_groups": scheme_dict(spec["group_size"], spec.get("actorder"), observer),
                   "ignore": ["lm_head"], "algorithm": {"name": spec["algorithm"], **spec.get("options", {})},
                   "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"]}}
         t0, c0 = time.perf_counter(), time.process_time()
@@ -185,8 +187,10 @@ def worker_llmc(spec: dict) -> dict:
     t0, c0 = time.perf_counter(), time.process_time()
     model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
     ds = Dataset.from_dict({"input_ids": calib, "attention_mask": [[1] * len(c) for c in calib]})
-    options = {"actorder": spec["actorder"]} if spec.get("actorder") is not None else {}
-    modifier = GPTQModifier(config_groups=scheme_dict(spec["group_size"], None), ignore=["lm_head"],
+    # "" asks for no act-order explicitly; absent leaves llm-compressor's default
+    options = {"actorder": spec["actorder"] or None} if "actorder" in spec else {}
+    modifier = GPTQModifier(config_groups=scheme_dict(spec["group_size"], None, spec.get("observer", "minmax")),
+                            ignore=["lm_head"],
                             block_size=128, dampening_frac=0.01, **options)
     oneshot(model=model, dataset=ds, recipe=modifier, max_seq_length=spec["seq_len"],
             num_calibration_samples=len(calib), shuffle_calibration_samples=False)
@@ -226,7 +230,11 @@ def main() -> None:
     ap.add_argument("--calibration", choices=["lee", "pydoc"], default="lee",
                     help="lee: Lee-corpus text after the evaluation windows (default); pydoc: Python docs")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--actorder", action="store_true", help="also run quantkit GPTQ with actorder weight and group")
+    ap.add_argument("--actorder", default="weight",
+                    help="comma list of act-order settings for quantkit's runs: none, weight, group "
+                         "(llm-compressor runs the first)")
+    ap.add_argument("--observer", choices=["minmax", "mse"], default="minmax",
+                    help="weight range observer of every GPTQ run, both toolkits (RTN stays min-max)")
     ap.add_argument("--true-sequential", choices=["default", "on", "off", "both"], default="default")
     ap.add_argument("--no-llmc", action="store_true", help="skip llm-compressor")
     ap.add_argument("--llmc-python", default=str(ROOT / ".venv-llmc" / "bin" / "python"))
@@ -259,7 +267,7 @@ def main() -> None:
     workdir = ROOT / ".cache" / "benchmarks" / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
-            "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir)}
+            "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir), "observer": a.observer}
 
     runs: dict[str, dict] = {}
 
@@ -275,17 +283,19 @@ def main() -> None:
     run("fp32", "quantkit", variant="fp32")
     run("quantkit-rtn", "quantkit", variant="q", algorithm="rtn")
     ts = {"default": [None], "on": [True], "off": [False], "both": [True, False]}[a.true_sequential]
+    orders = [None if o == "none" else o for o in a.actorder.split(",")]
+    for o in orders:
+        if o not in (None, "weight", "group"):
+            ap.error(f"--actorder: unknown setting {o!r} (none, weight, group)")
     for t in ts:
         opts = {} if t is None else {"true_sequential": t}
         suffix = "" if t is None else ("-trueseq" if t else "-oneshot")
-        run(f"quantkit-gptq{suffix}", "quantkit", variant="q", algorithm="gptq", options=opts)
-        if a.actorder:
-            for order in ("weight", "group"):
-                run(f"quantkit-gptq{suffix}-actorder-{order}", "quantkit", variant="q", algorithm="gptq",
-                    options=opts, actorder=order)
+        for order in orders:
+            run(f"quantkit-gptq{suffix}-actorder-{order or 'none'}", "quantkit", variant="q", algorithm="gptq",
+                options=opts, actorder=order)
     llmc = Path(a.llmc_python)
     if not a.no_llmc and llmc.exists():
-        run("llmc-gptq", "llmc", python=str(llmc))
+        run(f"llmc-gptq-actorder-{orders[0] or 'none'}", "llmc", python=str(llmc), actorder=orders[0] or "")
     elif not a.no_llmc:
         print(f"llm-compressor interpreter not found at {llmc}: skipped", file=sys.stderr)
 
@@ -314,11 +324,11 @@ def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
                 print(f"{label}: removes {100 * removed:.1f}% of RTN's perplexity increase "
                       f"({fp:.3f} -> RTN {rtn:.3f} -> {r['perplexity']:.3f})")
     ours = [k for k in runs if k.startswith("quantkit-gptq") and "perplexity" in runs[k]]
-    theirs = runs.get("llmc-gptq")
+    theirs = next((r for k, r in runs.items() if k.startswith("llmc-gptq")), None)
     if theirs and "perplexity" in theirs:
         for k in ours:
             r = runs[k]
-            print(f"{k} / llmc-gptq: wall time x{r['seconds'] / theirs['seconds']:.3f}, "
+            print(f"{k} / llm-compressor: wall time x{r['seconds'] / theirs['seconds']:.3f}, "
                   f"CPU time x{r['cpu_seconds'] / theirs['cpu_seconds']:.3f}, "
                   f"peak RSS x{r['peak_rss_mb_quantize'] / theirs['peak_rss_mb_quantize']:.3f}, "
                   f"perplexity x{r['perplexity'] / theirs['perplexity']:.4f}")
