@@ -62,7 +62,7 @@ def convert(
         prepare_output(out, overwrite)
         typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, algorithm {r.algorithm}]", err=True)
         q = quantize(model, r, calib, workdir=out.parent, device=device, progress=_progress,
-                     trust_remote_code=trust_remote_code)
+                     log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
         s = q.summary()
         typer.echo(
