@@ -205,19 +205,10 @@ def auto_batch_tokens(config, device: str) -> int:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
-        free = _available_memory()
+        import psutil
+
+        free = psutil.virtual_memory().available
     return max(1, int(free * 0.25) // per_token)
-
-
-def _available_memory() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 * 1024**3
 
 
 class ActivationStore:

@@ -61,19 +61,16 @@ def model_card_languages(folder: str | Path | None) -> tuple[str, ...] | None:
     """The ``language:`` of ``folder/README.md``'s YAML front matter; None when there is no
     card, no front matter, no usable ``language:`` or it says ``multilingual``."""
     import yaml
+    from huggingface_hub.repocard import metadata_load
 
     if folder is None:
         return None
     card = Path(folder) / "README.md"
     if not card.is_file():
         return None
-    text = card.read_text(encoding="utf-8", errors="replace")
-    m = re.match(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", text, re.S)
-    if not m:
-        return None
     try:
-        meta = yaml.safe_load(m.group(1))
-    except yaml.YAMLError:
+        meta = metadata_load(card)  # the card's YAML front matter, as the Hub reads it
+    except (ValueError, UnicodeDecodeError, OSError, yaml.YAMLError):
         return None
     langs = meta.get("language") if isinstance(meta, dict) else None
     if isinstance(langs, str):
