@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .scheme import QuantArgs
@@ -117,17 +119,75 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
 
 
 # -- convenience: weights and dynamic activations ---------------------------------------------
+#: Elements of the weight searched at a time by ``_mse_range``: the candidates' temporaries
+#: stay in the CPU's L2 cache instead of streaming through memory once per candidate.
+_MSE_CHUNK = 1 << 18
+
+
 def _mse_range(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, grid: int = 40,
                max_shrink: float = 0.6):
-    """Shrink each range towards zero while the reconstruction error falls (clipping search)."""
+    """Shrink each range towards zero while the reconstruction error falls (clipping search).
+
+    Candidates are the min-max range scaled by ``1 - max_shrink * i / grid``, ``i < grid``;
+    each scale (row, group or tensor) keeps the candidate with the least squared error, the
+    earliest on ties. Every scale's search is independent of the others', so contiguous
+    groups are searched as rows of ``G`` columns and rows in cache-sized blocks.
+    """
+    if args.strategy == "group" and g_idx is None:
+        out, cols = w.shape
+        per_row = dataclasses.replace(args, strategy="channel", group_size=None, actorder=None)
+        lo, hi = _mse_range(w.reshape(-1, args.group_size), per_row, None, grid, max_shrink)
+        return lo.reshape(out, cols // args.group_size), hi.reshape(out, cols // args.group_size)
+    if args.strategy in ("channel", "token") and w.dim() == 2 and w.numel() > _MSE_CHUNK:
+        step = max(1, _MSE_CHUNK // w.shape[1])
+        parts = [_mse_search(w[i:i + step], args, None, grid, max_shrink) for i in range(0, w.shape[0], step)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    return _mse_search(w, args, g_idx, grid, max_shrink)
+
+
+def _mse_search(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, grid: int, max_shrink: float):
+    if args.strategy not in ("channel", "token") or w.dim() != 2:
+        return _mse_search_reference(w, args, g_idx, grid, max_shrink)
+    # Per row. The candidates' ranges and qparams are computed together (element-wise, the
+    # same operations as one at a time); the error of each candidate costs seven in-place
+    # passes over the rows instead of the twenty-odd of fake_quantize and its bookkeeping.
+    lo, hi = reduce_minmax(w, args, None)                         # [rows, 1]
+    p = torch.tensor([1.0 - max_shrink * i / grid for i in range(grid)], device=w.device).reshape(grid, 1, 1)
+    cand_lo, cand_hi = (lo.float() * p).to(lo.dtype), (hi.float() * p).to(hi.dtype)  # as lo * float
+    scale, zp = calculate_qparams(cand_lo, cand_hi, args, dtype=w.dtype)
+    s32 = scale.float()
+    z32 = None if zp is None else zp.float()
+    x = w.float()
+    errs = torch.empty(grid, w.shape[0], dtype=torch.float32, device=w.device)
+    v = torch.empty_like(x)
+    for i in range(grid):
+        torch.div(x, s32[i], out=v)
+        if z32 is not None:
+            v.add_(z32[i])
+        v.round_().clamp_(args.qmin, args.qmax)
+        if z32 is not None:
+            v.sub_(z32[i])
+        v.mul_(s32[i])
+        if w.dtype != torch.float32:
+            v.copy_(v.to(w.dtype))  # the dequantized value is held in the weight's dtype
+        v.sub_(x).pow_(2)
+        torch.sum(v, dim=-1, out=errs[i])
+    best = torch.argmin(errs, dim=0).reshape(1, -1, 1)  # the first minimum: the earliest candidate on ties
+    return cand_lo.gather(0, best)[0], cand_hi.gather(0, best)[0]
+
+
+def _mse_search_reference(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, grid: int,
+                          max_shrink: float):
+    """The search one candidate at a time through ``fake_quantize`` (the definition)."""
     lo, hi = reduce_minmax(w, args, g_idx)
     best_lo, best_hi = lo.clone(), hi.clone()
     best_err = torch.full_like(lo, float("inf"), dtype=torch.float32)
+    w32 = w.float()
     for i in range(grid):
         p = 1.0 - max_shrink * i / grid
         cand_lo, cand_hi = lo * p, hi * p
         scale, zp = calculate_qparams(cand_lo, cand_hi, args, dtype=w.dtype)
-        err = (fake_quantize(w, scale, zp, args, g_idx).float() - w.float()).pow(2)
+        err = (fake_quantize(w, scale, zp, args, g_idx).float() - w32).pow_(2)
         err = _reduce_sum(err, args, g_idx, lo.shape)
         better = err < best_err
         best_err = torch.where(better, err, best_err)

@@ -72,6 +72,32 @@ def test_mse_observer_beats_minmax_at_3_bits():
     assert e[1] > e[0] + 0.5
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (3, False)])
+def test_mse_search_matches_the_one_candidate_at_a_time_definition(dtype, bits, symmetric):
+    from quantkit.primitives import _mse_search, _mse_search_reference
+
+    g = torch.Generator().manual_seed(bits)
+    for rows, cols, scale in [(300, 64, 0.05), (7, 128, 1.0), (50, 1, 1e-4)]:
+        w = (torch.randn(rows, cols, generator=g) * scale).to(dtype)
+        w[0] = 0  # an all-zero row: every candidate ties
+        args = QuantArgs(num_bits=bits, symmetric=symmetric, strategy="channel", observer="mse")
+        fast, ref = _mse_search(w, args, None, 40, 0.6), _mse_search_reference(w, args, None, 40, 0.6)
+        assert torch.equal(fast[0], ref[0]) and torch.equal(fast[1], ref[1])
+
+
+def test_mse_groups_searched_as_rows_choose_as_well_as_the_definition():
+    from quantkit.primitives import _mse_range, _mse_search_reference
+
+    w = torch.randn(96, 256, generator=torch.Generator().manual_seed(3)) * 0.05
+    args = QuantArgs(num_bits=4, group_size=64, observer="mse")
+    fast, ref = _mse_range(w, args, None), _mse_search_reference(w, args, None, 40, 0.6)
+    # the same candidates; only the error sums' order differs (exact ties may break otherwise)
+    assert float((fast[1] != ref[1]).float().mean()) < 0.01
+    err = [float((fake_quantize(w, *calculate_qparams(lo, hi, args), args) - w).pow(2).sum()) for lo, hi in (fast, ref)]
+    assert err[0] == pytest.approx(err[1], rel=1e-5)
+
+
 def _qsz(w, a):
     return quantize_weight(w, a)
 
