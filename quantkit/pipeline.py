@@ -8,6 +8,7 @@ from the safetensors shards when its layer comes up and dropped when the layer i
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import shutil
 import tempfile
@@ -24,6 +25,7 @@ from .arch import ArchSpec, arch_for
 from .errors import QuantkitError
 from .formats.compressed_tensors import compress_module, quantization_config, scheme_for
 from .formats.writer import ShardWriter
+from .interleave import Interleaver
 from .primitives import calculate_qparams
 from .recipe import Recipe
 from .scheme import QuantScheme
@@ -194,6 +196,12 @@ def make_chunks(samples: list[list[int]], batch_tokens: int, packed: bool = True
     return chunks
 
 
+#: Positions per calibration batch (at least one row). The whole set still runs as one pass
+#: when it fits ``calibration.batch_tokens`` (quantkit.interleave); batches of this size keep
+#: the layer's element-wise work in the CPU caches (measured in quantkit/interleave.py).
+MICRO_BATCH_TOKENS = 4096
+
+
 def auto_batch_tokens(config, device: str) -> int:
     """Positions per calibration batch: what fits a quarter of the free memory in one layer call."""
     d = int(getattr(config, "hidden_size", 4096))
@@ -340,6 +348,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     hidden = args_per_layer = kwargs_per_layer = None
     offload_dir: Path | None = None
     chunks: list[CalibrationChunk] = []
+    single_pass = False
+    interleaver = Interleaver()
     if needs_data:
         outer_modules = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
         state = {n: source.get(n) for n in outer_modules if n in source}
@@ -347,11 +357,14 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         if getattr(config, "tie_word_embeddings", False):
             model.tie_weights()
         batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
-        chunks = make_chunks(samples, batch_tokens, packed=spec.packed_calibration)
+        chunks = make_chunks(samples, min(batch_tokens, MICRO_BATCH_TOKENS), packed=spec.packed_calibration)
+        # the whole set in memory at once: an interleaved pass can run (LayerContext)
+        single_pass = sum(c.input_ids.numel() for c in chunks) <= batch_tokens
         if log is not None:
             rows = sum(c.input_ids.shape[0] for c in chunks)
             log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
-                f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer")
+                f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
+                f"{', all in one pass' if single_pass else ''}")
         first, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
         if recipe.calibration.offload:
             offload_dir = Path(tempfile.mkdtemp(prefix=".quantkit-activations-", dir=writer.tmp.parent))
@@ -391,16 +404,25 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                         hooks.append(m.register_forward_pre_hook(observe))
                 return hooks
 
-            def run_layer(propagate: bool = False, _layer=layer, _i=i):
+            def run_layer(propagate: bool = False, interleaved: bool = False, _layer=layer, _i=i):
                 hooks = observe_static_inputs() if propagate else []
+
+                def call(j: int) -> None:
+                    out = _layer_output(_layer(hidden.get(j), *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
+                    if propagate:
+                        hidden.put_next(j, out)
+
+                def select(j: int) -> None:
+                    running["valid"] = chunks[j].valid
+
                 try:
                     with torch.no_grad():
-                        for j in range(hidden.count):
-                            running["valid"] = chunks[j].valid
-                            out = _layer_output(_layer(hidden.get(j), *args_per_layer[_i][j], **kwargs_per_layer[_i][j]))
-                            if propagate:
-                                hidden.put_next(j, out)
-                            del out
+                        if interleaved:
+                            interleaver.run([functools.partial(call, j) for j in range(hidden.count)], before=select)
+                        else:
+                            for j in range(hidden.count):
+                                select(j)
+                                call(j)
                 finally:
                     running["valid"] = None
                     for hk in hooks:
@@ -414,7 +436,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             ctx = LayerContext(i, prefix[:-1], layer, targets, subgroups,
                                run=run_layer if needs_data else _no_data,
                                num_samples=len(samples or []), num_tokens=num_tokens,
-                               single_pass=needs_data and len(chunks) == 1, tokens=tokens)
+                               single_pass=single_pass, tokens=tokens, sync=interleaver.sync,
+                               batch_index=interleaver.current)
             results = algorithm.quantize_layer(ctx)
             missing = set(targets) - set(results)
             if missing:
@@ -474,7 +497,7 @@ def num_tokens_of(samples: list[list[int]] | None) -> int:
     return sum(len(s) for s in samples) if samples else 0
 
 
-def _no_data(propagate: bool = False) -> None:
+def _no_data(propagate: bool = False, interleaved: bool = False) -> None:
     raise QuantkitError("calibration: this algorithm ran the layer but no calibration data was captured")
 
 

@@ -47,11 +47,14 @@ class LayerContext:
     padding at row ends), so a hook sees ``[rows, row_len, features]`` tensors: pass them
     through ``tokens(x)`` to get the real tokens only, ``[n, features]``.
 
-    ``single_pass`` is True when the whole calibration set goes through the layer in one
-    call: a forward pre-hook on a linear then sees every calibration token of that linear at
-    once, so an algorithm can quantize each linear inside its hook, before the linear runs,
-    and the rest of the layer computes on quantized outputs (true-sequential order at the
-    cost of one pass).
+    ``single_pass`` is True when the whole calibration set fits in memory as one pass
+    through the layer. ``forward(interleaved=True)`` then runs the calibration batches in
+    lockstep (``quantkit.interleave``): a forward pre-hook that calls
+    ``sync(key, action)`` pauses its batch until every batch has reached it, and ``action``
+    runs once in between (``batch_index()`` tells the batch a hook runs for). So an algorithm can quantize a linear from all of its calibration
+    inputs inside its hook, before the linear runs, and the rest of the layer computes on
+    quantized outputs (true-sequential order at the cost of one pass). Outside an
+    interleaved pass ``sync`` runs ``action`` at once.
 
     ``forward(propagate=True)`` promises that every target linear holds its final quantized
     weight (exactly ``QuantizedWeight.dequantized``) by the time it runs in that pass; the
@@ -70,19 +73,25 @@ class LayerContext:
     single_pass: bool = False
     tokens: Callable[[torch.Tensor], torch.Tensor] = field(
         default=lambda x: x.reshape(-1, x.shape[-1]))
+    sync: Callable[[str, Callable[[], None]], None] = field(default=lambda key, action: action())
+    batch_index: Callable[[], int | None] = field(default=lambda: None)
     propagated: bool = False
 
-    def forward(self, propagate: bool = False) -> None:
+    def forward(self, propagate: bool = False, interleaved: bool = False) -> None:
         """Run the layer over every captured calibration input (hooks see the real inputs).
 
         With ``propagate=True`` the pass's outputs become the next layer's inputs (see the
-        class docstring for the promise this makes).
+        class docstring for the promise this makes). ``interleaved=True`` (only when
+        ``single_pass``) runs the batches in lockstep at ``sync`` points.
         """
+        if interleaved and not self.single_pass:
+            raise RuntimeError(f"{self.name}: an interleaved pass needs the calibration set in memory (single_pass)")
+        options = {"propagate": True} if propagate else {}
+        if interleaved:
+            options["interleaved"] = True
+        self.run(**options)
         if propagate:
-            self.run(propagate=True)
             self.propagated = True
-        else:
-            self.run()
 
 
 class Algorithm(ABC):

@@ -374,7 +374,8 @@ def _quantize_weight(
         raise QuantkitError("weight: GPTQ produced NaN or Inf (check the calibration inputs)")
 
     W_in = W_in.to(GPTQ_PRECISION)
-    rtn_q, rtn_s, rtn_z = rtn_quantize_weight(W_in.to(out_dtype), args)
+    with _one_thread(W_in.device):  # the range search is many small operations
+        rtn_q, rtn_s, rtn_z = rtn_quantize_weight(W_in.to(out_dtype), args)
     rtn_delta = W_in - dequantize(rtn_q, rtn_s, rtn_z, args).to(GPTQ_PRECISION)
     # one product for the three health figures (one GEMM runs faster than three small ones)
     row_loss, row_rtn_loss, row_energy = _output_error(torch.cat([W_in - Q, rtn_delta, W_in]), H_obj).split(rows)
@@ -456,10 +457,11 @@ class GPTQ(Algorithm):
             the layer fails with an error (never a silent fall back to rounding).
         true_sequential: quantize the layer's sub-groups (attention inputs, attention
             output, MLP inputs, MLP output) one after another, so each sub-group's Hessian
-            sees the already-quantized earlier ones. When the calibration set runs through
-            a layer in one call (``calibration.batch_tokens``: by default as many tokens as
-            fit a quarter of the free memory) this takes one pass per layer: each linear is
-            solved in its forward pre-hook, and that pass's output is propagated. Otherwise
+            sees the already-quantized earlier ones. When the calibration set fits in memory
+            as one pass (``calibration.batch_tokens``: by default as many tokens as fit a
+            quarter of the free memory) this takes one pass per layer: the calibration
+            batches run in lockstep, each linear is solved in its forward pre-hook once all
+            batches have reached it, and that pass's output is propagated. Otherwise
             the layer is re-run once per sub-group, plus the propagation pass. Off: every
             Hessian comes from the layer with float weights (one pass), plus the
             propagation pass. On by default: on SmolLM2 (benchmarks/RESULTS.md) it is as
@@ -527,22 +529,55 @@ class GPTQ(Algorithm):
     def _quantize_in_flight(self, ctx: LayerContext, subgroups: list[list[str]]) -> dict[str, QuantizedWeight]:
         """True-sequential GPTQ in one pass: each linear is solved in its forward pre-hook.
 
-        The whole calibration set runs through the layer in one call (``ctx.single_pass``),
-        so the hook of a linear sees all of its calibration inputs, computed by the linears
-        before it already quantized. It solves the linear and swaps in the quantized weight
-        before the linear runs. The first linear of a sub-group to run is solved stacked
-        with the sub-group's other linears (q/k/v, gate/up normally read the very same
-        tensor: one Hessian, one factorisation); when one of them is then called with a
-        different tensor, its provisional result is discarded and it is solved on its own
-        input. A Hessian is dropped when the next input arrives. The pass's output is the
-        quantized layer's output, so the pipeline propagates it as is.
+        The calibration batches run through the layer in lockstep (``ctx.forward(interleaved=
+        True)``). Each batch's pre-hook of a linear adds that batch's input to the Hessian
+        and waits at ``ctx.sync``; when all batches are there, the linear is solved from
+        the complete Hessian (its calibration inputs were computed by the linears before it,
+        already quantized) and the quantized weight is swapped in before any batch runs the
+        linear. The first linear of a sub-group to run is solved stacked with the sub-group's
+        other linears (q/k/v, gate/up normally read the very same tensor: one Hessian, one
+        factorisation); when one of them is then called with a different tensor, its
+        provisional result is discarded and it is solved on its own input. A Hessian is
+        dropped when the next input is complete. The pass's output is the quantized layer's
+        output, so the pipeline propagates it as is.
         """
         subgroup_of = {n: k for k, g in enumerate(subgroups) for n in g}
         results: dict[str, QuantizedWeight] = {}
-        # stacked results not yet confirmed: (result, original weight, input assumed, its leader)
-        provisional: dict[str, tuple[QuantizedWeight, torch.Tensor, torch.Tensor, str]] = {}
+        # stacked results not yet confirmed: (result, original weight, leader whose input was assumed)
+        provisional: dict[str, tuple[QuantizedWeight, torch.Tensor, str]] = {}
         leader_of: dict[str, str] = {}
-        current: dict[str, Any] = {"x": None, "H": None, "tokens": 0, "leader": None}
+        current: dict[str, Any] = {"H": None, "tokens": 0, "leader": None}
+        pending: dict[str, list] = {}            # Hessians of new inputs, filling batch by batch
+        arrivals: dict[str, list[str]] = {}      # per linear, per batch: "assumed", "last" or "new" input
+        per_batch: dict[int | None, dict[str, Any]] = {}  # per batch: its last input, and each leader's
+
+        def finish(name: str) -> None:
+            """All batches reached ``name``'s pre-hook: solve it (unless a stacked solve did)."""
+            kinds = set(arrivals.pop(name))
+            if len(kinds) != 1:
+                raise QuantkitError(f"{ctx.name}.{name}: reads a shared input in some calibration batches and "
+                                    "not in others; set algorithm.true_sequential: false")
+            kind = kinds.pop()
+            module = ctx.targets[name][0]
+            if name in provisional:
+                qw, original, leader = provisional.pop(name)
+                if kind == "assumed":  # the input the stacked solve assumed
+                    results[name], leader_of[name] = qw, leader
+                    return
+                module.weight.data = original
+            if kind == "new":
+                H, tokens = pending.pop(name)
+                current.update(H=H, tokens=tokens, leader=name)  # the previous input's Hessian is done
+            peers = [n for n in subgroups[subgroup_of[name]]
+                     if n != name and n not in results and n not in provisional]
+            stack = next(b for b in self._solve_batches(ctx, [name] + peers) if name in b)
+            solved = self._solve(ctx, stack, current["H"], current["tokens"], subgroup_of[name], stack)
+            for n, (qw, _) in solved.items():
+                m, scheme = ctx.targets[n]
+                if n != name:
+                    provisional[n] = (qw, m.weight.data, current["leader"])
+                m.weight.data = qw.dequantized(scheme.weights, m.weight.dtype)
+            results[name], leader_of[name] = solved[name][0], current["leader"]
 
         def hook_for(name: str):
             def hook(module: nn.Module, inputs: tuple) -> None:
@@ -550,36 +585,30 @@ class GPTQ(Algorithm):
                     raise QuantkitError(f"{ctx.name}.{name}: called twice in one layer pass; "
                                         "set algorithm.true_sequential: false")
                 x = inputs[0]
-                if name in provisional:
-                    qw, original, assumed, leader = provisional.pop(name)
-                    if assumed is x:  # the input the stacked solve assumed
-                        results[name], leader_of[name] = qw, leader
-                        return
-                    module.weight.data = original
-                if current["x"] is not x:
-                    current["x"] = current["H"] = None  # the previous input's Hessian is done
-                    H, n = accumulate_hessian(ctx.tokens(x.detach()), None, 0)
-                    current.update(x=x, H=H, tokens=n, leader=name)
-                peers = [n for n in subgroups[subgroup_of[name]]
-                         if n != name and n not in results and n not in provisional]
-                batch = next(b for b in self._solve_batches(ctx, [name] + peers) if name in b)
-                solved = self._solve(ctx, batch, current["H"], current["tokens"], subgroup_of[name], batch)
-                for n, (qw, _) in solved.items():
-                    m, scheme = ctx.targets[n]
-                    if n != name:
-                        provisional[n] = (qw, m.weight.data, x, current["leader"])
-                    m.weight.data = qw.dequantized(scheme.weights, m.weight.dtype)
-                results[name], leader_of[name] = solved[name][0], current["leader"]
+                seen = per_batch.setdefault(ctx.batch_index(), {"": None})  # "": the last input
+                if name in provisional and seen.get(provisional[name][2]) is x:
+                    kind = "assumed"
+                elif seen[""] is x:
+                    kind = "last"
+                else:
+                    kind = "new"
+                    seen[""] = seen[name] = x
+                    acc = pending.setdefault(name, [None, 0])
+                    acc[0], acc[1] = accumulate_hessian(ctx.tokens(x.detach()), acc[0], acc[1])
+                arrivals.setdefault(name, []).append(kind)
+                ctx.sync(name, lambda: finish(name))
             return hook
 
         handles = [ctx.targets[n][0].register_forward_pre_hook(hook_for(n)) for n in subgroup_of]
         try:
-            ctx.forward(propagate=True)
+            ctx.forward(propagate=True, interleaved=True)
         finally:
             for h in handles:
                 h.remove()
             current.clear()
             provisional.clear()
+            pending.clear()
+            per_batch.clear()
         missing = [n for n in subgroup_of if n not in results]
         if missing:
             raise QuantkitError(f"{ctx.name}.{missing[0]}: never called during calibration (no Hessian)")

@@ -371,7 +371,7 @@ def make_single_pass_ctx(scheme: QuantScheme, layer: nn.Module, inputs: list[tor
     batch = torch.cat(inputs)
     calls, outputs = [], []
 
-    def run(propagate: bool = False):
+    def run(propagate: bool = False, interleaved: bool = False):
         calls.append(propagate)
         with torch.no_grad():
             out = layer(batch)
