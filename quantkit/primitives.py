@@ -119,29 +119,20 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor
 
 
 # -- convenience: weights and dynamic activations ---------------------------------------------
-#: Elements of the weight searched at a time by ``_mse_range``: the candidates' temporaries
-#: stay in the CPU's L2 cache instead of streaming through memory once per candidate.
-_MSE_CHUNK = 1 << 18
-
-
 def _mse_range(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, grid: int = 40,
                max_shrink: float = 0.6):
-    """Shrink each range towards zero while the reconstruction error falls (clipping search).
+    """Clipping search: each range scaled towards zero by the candidate with the least squared error.
 
     Candidates are the min-max range scaled by ``1 - max_shrink * i / grid``, ``i < grid``;
     each scale (row, group or tensor) keeps the candidate with the least squared error, the
     earliest on ties. Every scale's search is independent of the others', so contiguous
-    groups are searched as rows of ``G`` columns and rows in cache-sized blocks.
+    groups are searched as rows of ``G`` columns.
     """
     if args.strategy == "group" and g_idx is None:
         out, cols = w.shape
         per_row = dataclasses.replace(args, strategy="channel", group_size=None, actorder=None)
-        lo, hi = _mse_range(w.reshape(-1, args.group_size), per_row, None, grid, max_shrink)
+        lo, hi = _mse_search(w.reshape(-1, args.group_size), per_row, None, grid, max_shrink)
         return lo.reshape(out, cols // args.group_size), hi.reshape(out, cols // args.group_size)
-    if args.strategy in ("channel", "token") and w.dim() == 2 and w.numel() > _MSE_CHUNK:
-        step = max(1, _MSE_CHUNK // w.shape[1])
-        parts = [_mse_search(w[i:i + step], args, None, grid, max_shrink) for i in range(0, w.shape[0], step)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     return _mse_search(w, args, g_idx, grid, max_shrink)
 
 

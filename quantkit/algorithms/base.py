@@ -51,10 +51,11 @@ class LayerContext:
     through the layer. ``forward(interleaved=True)`` then runs the calibration batches in
     lockstep (``quantkit.interleave``): a forward pre-hook that calls
     ``sync(key, action)`` pauses its batch until every batch has reached it, and ``action``
-    runs once in between (``batch_index()`` tells the batch a hook runs for). So an algorithm can quantize a linear from all of its calibration
-    inputs inside its hook, before the linear runs, and the rest of the layer computes on
-    quantized outputs (true-sequential order at the cost of one pass). Outside an
-    interleaved pass ``sync`` runs ``action`` at once.
+    runs once in between (``batch_index()`` tells the batch a hook runs for). So an
+    algorithm can quantize a linear from all of its calibration inputs inside its hook,
+    before the linear runs, and the rest of the layer computes on quantized outputs
+    (true-sequential order at the cost of one pass). Outside an interleaved pass ``sync``
+    runs ``action`` at once.
 
     ``forward(propagate=True)`` promises that every target linear holds its final quantized
     weight (exactly ``QuantizedWeight.dequantized``) by the time it runs in that pass; the
