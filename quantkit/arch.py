@@ -7,7 +7,8 @@ feeds which linears (for smoothing/AWQ scales), and where the attention k/v proj
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from .errors import QuantkitError
 
@@ -20,19 +21,53 @@ _LLAMA_SUBGROUPS = (
 
 
 @dataclass(frozen=True)
+class SmoothMapping:
+    """A place where per-channel scales fold away: ``smooth``'s outputs / s, ``balance``'s inputs * s.
+
+    ``smooth`` is a norm (its weight, offset-aware, and bias are divided) or a producer
+    linear (its output rows and bias are divided; ``rows(config)`` picks the rows of a fused
+    producer, e.g. the v part of Phi3's ``qkv_proj``). ``parent`` is the smallest module
+    holding every balance linear: AWQ's search loss is the error of its output. A producer
+    mapping only exists where the shapes match (v_proj -> o_proj needs as many KV heads as
+    query heads); the fold checks it.
+    """
+
+    smooth: str
+    balance: tuple[str, ...]
+    parent: str
+    rows: Callable[[Any], tuple[int, int]] | None = None
+
+
+_LLAMA_MAPPINGS = (
+    SmoothMapping("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn"),
+    SmoothMapping("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj"),
+    SmoothMapping("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+    SmoothMapping("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
+)
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _phi3_v_rows(config) -> tuple[int, int]:
+    start = (config.num_attention_heads + config.num_key_value_heads) * _head_dim(config)
+    return start, start + config.num_key_value_heads * _head_dim(config)
+
+
+def _phi3_up_rows(config) -> tuple[int, int]:
+    return config.intermediate_size, 2 * config.intermediate_size  # gate_up_proj: [gate; up]
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     layers: str = "model.layers"
     subgroups: tuple[tuple[str, ...], ...] = _LLAMA_SUBGROUPS
-    # (norm or producer, linears it feeds): where smoothing scales can be folded.
-    smooth_mappings: tuple[tuple[str, tuple[str, ...]], ...] = (
-        ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-        ("self_attn.v_proj", ("self_attn.o_proj",)),
-        ("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
-        ("mlp.up_proj", ("mlp.down_proj",)),
-    )
+    # where smoothing / AWQ scales can be folded (SmoothMapping)
+    smooth_mappings: tuple[SmoothMapping, ...] = _LLAMA_MAPPINGS
     attention: str = "self_attn"
-    k_proj: str = "self_attn.k_proj"
-    v_proj: str = "self_attn.v_proj"
+    k_proj: str | None = "self_attn.k_proj"
+    v_proj: str | None = "self_attn.v_proj"
     # RMSNorm computes x * (offset + weight): Gemma uses 1, so folded scales must account for it.
     norm_weight_offset: float = 0.0
     # Several calibration samples may share a row: the model builds a block-causal mask from
@@ -43,12 +78,25 @@ class ArchSpec:
 
 _GEMMA3 = ArchSpec(
     smooth_mappings=(
-        ("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
-        ("self_attn.v_proj", ("self_attn.o_proj",)),
-        ("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj")),
-        ("mlp.up_proj", ("mlp.down_proj",)),
+        _LLAMA_MAPPINGS[0],
+        _LLAMA_MAPPINGS[1],
+        SmoothMapping("pre_feedforward_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+        _LLAMA_MAPPINGS[3],
     ),
     norm_weight_offset=1.0,
+)
+
+# Phi3 fuses q/k/v into qkv_proj ([q; k; v] rows) and gate/up into gate_up_proj ([gate; up]).
+_PHI3 = ArchSpec(
+    subgroups=(("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_proj",), ("mlp.down_proj",)),
+    smooth_mappings=(
+        SmoothMapping("input_layernorm", ("self_attn.qkv_proj",), "self_attn"),
+        SmoothMapping("self_attn.qkv_proj", ("self_attn.o_proj",), "self_attn.o_proj", rows=_phi3_v_rows),
+        SmoothMapping("post_attention_layernorm", ("mlp.gate_up_proj",), "mlp"),
+        SmoothMapping("mlp.gate_up_proj", ("mlp.down_proj",), "mlp.down_proj", rows=_phi3_up_rows),
+    ),
+    k_proj=None,
+    v_proj=None,
 )
 
 ARCHITECTURES: dict[str, ArchSpec] = {
@@ -57,6 +105,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "Qwen2ForCausalLM": ArchSpec(),
     "Qwen3ForCausalLM": ArchSpec(),
     "Gemma3ForCausalLM": _GEMMA3,
+    "Phi3ForCausalLM": _PHI3,
 }
 
 

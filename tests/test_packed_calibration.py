@@ -12,24 +12,7 @@ from hypothesis import strategies as st
 from quantkit.arch import ARCHITECTURES
 from quantkit.pipeline import make_chunks, pack_rows
 
-
-def tiny_config(arch: str):
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-
-    common = dict(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    if arch == "LlamaForCausalLM":
-        return LlamaConfig(**common)
-    if arch == "MistralForCausalLM":
-        return MistralConfig(**common, sliding_window=6)
-    if arch == "Qwen2ForCausalLM":
-        return Qwen2Config(**common)
-    if arch == "Qwen3ForCausalLM":
-        return Qwen3Config(**common, head_dim=8)
-    if arch == "Gemma3ForCausalLM":
-        return Gemma3TextConfig(**common, head_dim=8, sliding_window=6,
-                                layer_types=["sliding_attention", "full_attention"])
-    raise AssertionError(f"no tiny config for {arch}: add one when adding an architecture")
+from arch_configs import tiny_config
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
