@@ -9,15 +9,24 @@ W4A16 >= 3x fp16 and >= 70% of bandwidth for M <= 16; FP8 >= 1.6x bf16 for M >= 
 
     python benchmarks/kernels.py                    # CUDA; a markdown table on stdout
     python benchmarks/kernels.py --markdown out.md  # also write the table to a file
+    python benchmarks/kernels.py --json out.json    # also write the rows (and the device) as JSON
     python benchmarks/kernels.py --interpret        # no GPU: tiny interpreter smoke run
+    python benchmarks/kernels.py --dry-run --m 1 16 --shapes 256x128 --json out.json
+                                                    # no GPU: the table's own code path on CPU
+                                                    # tensors under the interpreter
 
-Without CUDA (and without --interpret) it says so and exits 0.
+The dry run times with the wall clock against torch's CPU matmul: its figures check the
+table and the JSON (benchmarks/gpu_check.sh --dry-run), not speed. Without CUDA (and
+without --interpret or --dry-run) it says so and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import platform
+import statistics
 import sys
 import time
 
@@ -27,11 +36,11 @@ NOMINAL_BW = 4.8e12  # H200 HBM3e, bytes/s
 W4_GROUP = 128
 
 
-def copy_bandwidth(torch, triton, nbytes: int = 1 << 30) -> float:
+def copy_bandwidth(torch, timer, device: str = "cuda", nbytes: int = 1 << 30) -> float:
     """Bytes/s of a device-to-device copy (read + write counted), the practical ceiling."""
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda")
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device)
     dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src))
+    ms = timer(lambda: dst.copy_(src))
     return 2 * nbytes / (ms * 1e-3)
 
 
@@ -50,43 +59,67 @@ def make_timer(torch, triton, graph: bool):
     return timer
 
 
-def run_cuda(args) -> list[dict]:
+def wall_timer(fn, reps: int = 3) -> float:
+    """``ms`` of ``fn`` by the wall clock (median of ``reps`` after one untimed call): the dry run's timer."""
+    fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def run_table(args, device: str = "cuda", on_row=None) -> tuple[dict, list[dict]]:
+    """``(meta, rows)``: the table on CUDA, or (``device="cpu"``, interpreter on) its dry run;
+    ``on_row(meta, rows)`` after each row (so a run cut short by a time limit keeps its rows)."""
     import torch
     import triton
 
     from quantkit.kernels import fp8_gemm, int4_gemm, int8_gemm
 
-    timer = make_timer(torch, triton, not args.no_graph)
-    copy_bw = copy_bandwidth(torch, triton)
-    print(f"device: {torch.cuda.get_device_name()}; torch {torch.__version__}, triton {triton.__version__}; "
+    if device == "cuda":
+        timer = make_timer(torch, triton, not args.no_graph)
+        copy_bw = copy_bandwidth(torch, triton.testing.do_bench)
+        name, timing = torch.cuda.get_device_name(), "launches" if args.no_graph else "CUDA graphs"
+    else:
+        timer = wall_timer
+        copy_bw = copy_bandwidth(torch, timer, "cpu", 1 << 26)
+        name, timing = f"CPU ({platform.machine()}), TRITON_INTERPRET=1", "wall clock (dry run: not GPU figures)"
+    meta = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "timing": timing,
+            "copy_bandwidth_gbs": copy_bw / 1e9, "nominal_bandwidth_gbs": NOMINAL_BW / 1e9, "w4_group": W4_GROUP}
+    print(f"device: {name}; torch {torch.__version__}, triton {triton.__version__}; "
           f"copy bandwidth {copy_bw / 1e9:.0f} GB/s ({copy_bw / NOMINAL_BW:.0%} of nominal "
-          f"{NOMINAL_BW / 1e12:.1f} TB/s); timing: {'launches' if args.no_graph else 'CUDA graphs'}", flush=True)
+          f"{NOMINAL_BW / 1e12:.1f} TB/s); timing: {timing}", flush=True)
     print(HEADER, flush=True)
     rows = []
     for k, n in args.shapes:
-        dense_w = {dt: torch.randn(n, k, device="cuda").to(dt) for dt in (torch.float16, torch.bfloat16)}
+        dense_w = {dt: torch.randn(n, k, device=device).to(dt) for dt in (torch.float16, torch.bfloat16)}
         for m in args.m:
             dense_ms = {}
             for dt, w in dense_w.items():
-                x = torch.randn(m, k, device="cuda").to(dt)
+                x = torch.randn(m, k, device=device).to(dt)
                 dense_ms[dt] = timer(lambda: torch.matmul(x, w.t()))
             for name, mod, dt in (("W4A16", int4_gemm, torch.float16), ("FP8", fp8_gemm, torch.bfloat16),
                                   ("INT8", int8_gemm, torch.bfloat16)):
                 t0 = time.perf_counter()
-                r = mod.bench(m, n, k, dt, timer=timer) if name != "W4A16" else \
-                    mod.bench(m, n, k, dt, W4_GROUP, timer=timer)
+                r = mod.bench(m, n, k, dt, timer=timer, device=device) if name != "W4A16" else \
+                    mod.bench(m, n, k, dt, W4_GROUP, timer=timer, device=device)
                 bw = r["bytes"] / (r["ms"] * 1e-3)
                 row = {"kernel": name, "M": m, "K": k, "N": n, "ms": r["ms"],
                        "tflops": r["flops"] / (r["ms"] * 1e-3) / 1e12, "gbs": bw / 1e9,
                        "dense_ms": dense_ms[dt], "speedup": dense_ms[dt] / r["ms"],
                        "bw_nominal": bw / NOMINAL_BW, "bw_copy": bw / copy_bw,
                        "dense": "fp16" if dt == torch.float16 else "bf16", "tune_s": time.perf_counter() - t0}
-                row["target"] = _target(row)
+                row["target"] = _target(row) if device == "cuda" else "n/a (dry run)"
                 rows.append(row)
                 print(_line(row), flush=True)
+                if on_row is not None:
+                    on_row(meta, rows)
         del dense_w
-        torch.cuda.empty_cache()
-    return rows
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return meta, rows
 
 
 def _target(row) -> str:
@@ -143,22 +176,32 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=int, nargs="+", default=list(M_VALUES))
     p.add_argument("--shapes", type=lambda s: tuple(int(v) for v in s.lower().split("x")), nargs="+",
                    default=list(KN_VALUES), help="K x N pairs, e.g. 4096x4096")
+    p.add_argument("--dry-run", action="store_true",
+                   help="no GPU: the table on CPU tensors under the interpreter (figures check the code, not speed)")
     p.add_argument("--markdown", help="also write the table to this file")
+    p.add_argument("--json", help="also write the rows and the device as JSON to this file")
     p.add_argument("--no-graph", action="store_true", help="time plain launches instead of CUDA-graph replays")
     args = p.parse_args(argv)
     if args.interpret:
         run_interpret()
         return 0
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' @triton.jit runs
     import torch
 
-    if not torch.cuda.is_available():
+    if not args.dry_run and not torch.cuda.is_available():
         print("benchmarks/kernels.py needs a CUDA GPU (none found); --interpret runs a tiny CPU smoke test")
         return 0
-    rows = run_cuda(args)
-    table = "\n".join([HEADER] + [_line(r) for r in rows])
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table + "\n")
+    def write(meta, rows):
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write("\n".join([HEADER] + [_line(r) for r in rows]) + "\n")
+        if args.json:
+            with open(args.json + ".tmp", "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+            os.replace(args.json + ".tmp", args.json)
+
+    run_table(args, "cpu" if args.dry_run else "cuda", on_row=write)
     return 0
 
 

@@ -195,9 +195,9 @@ def make_random(m: int, n: int, k: int, dtype=torch.bfloat16, device="cuda", see
     return x.to(device), (w / sw).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).to(device), sw.to(device)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None) -> dict:
+def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None, device: str = "cuda") -> dict:
     """Time ``fp8_gemm`` (activation quantization included) on CUDA; ``timer(fn) -> ms``."""
-    x, w, sw = make_random(m, n, k, dtype)
+    x, w, sw = make_random(m, n, k, dtype, device)
     ms = (timer or triton.testing.do_bench)(lambda: fp8_gemm(x, w, sw))
     nbytes = w.numel() + sw.numel() * 4 + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}

@@ -393,11 +393,13 @@ def make_random(m: int, n: int, k: int, dtype=torch.float16, device="cuda", grou
     return x.to(device), packed.to(device), scale.to(device), None if zp is None else zp.to(device)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, timer=None) -> dict:
+def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, timer=None,
+          device: str = "cuda") -> dict:
     """Time ``w4a16_gemm`` on CUDA: milliseconds and bytes moved (weights + activations + output).
 
-    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernels.py`` runs it."""
-    x, packed, scale, _ = make_random(m, n, k, dtype, "cuda", group_size)
+    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernels.py`` runs it
+    (``device="cpu"`` with a wall-clock timer under the interpreter for its dry run)."""
+    x, packed, scale, _ = make_random(m, n, k, dtype, device, group_size)
     w = repack(packed, scale, None, None, (n, k), 4, group_size)
     ms = (timer or triton.testing.do_bench)(lambda: w4a16_gemm(x, w))
     nbytes = packed.numel() * 4 + scale.numel() * scale.element_size() + (m * k + m * n) * x.element_size()

@@ -140,9 +140,9 @@ def make_random(m: int, n: int, k: int, dtype=torch.bfloat16, device="cuda", see
     return x.to(device), w.to(device), sw.to(device)
 
 
-def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None) -> dict:
+def bench(m: int, n: int, k: int, dtype=torch.bfloat16, timer=None, device: str = "cuda") -> dict:
     """Time ``int8_gemm`` (activation quantization included) on CUDA; ``timer(fn) -> ms``."""
-    x, w, sw = make_random(m, n, k, dtype)
+    x, w, sw = make_random(m, n, k, dtype, device)
     ms = (timer or triton.testing.do_bench)(lambda: int8_gemm(x, w, sw))
     nbytes = w.numel() + sw.numel() * 4 + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}
