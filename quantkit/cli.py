@@ -53,10 +53,13 @@ def convert(
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
     try:
         from .api import quantize
+        from .evaluation.section import check_eval_section
         from .formats.writer import prepare_output
         from .recipe import load_recipe
 
-        r = load_recipe(recipe).with_overrides(group_size, ignore, num_samples, max_seq_len, calib)
+        # every recipe key, the eval: section included, is checked before any work
+        r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
+            group_size, ignore, num_samples, max_seq_len, calib)
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)

@@ -1,8 +1,10 @@
 """Recipes: a YAML file (or preset name) -> a validated, typed ``Recipe``.
 
 A recipe names the scheme (a preset or explicit ``config_groups``), the modules kept in
-high precision, the algorithm and its options, and the calibration settings. Unknown keys
-are rejected with their full path, e.g. ``recipes/x.yaml: algorithm: unknown key 'blocksize'``.
+high precision, the chain of layer steps with their options, and the calibration settings.
+Every key is checked before any work starts (``quantkit/validation.py``); a bad one fails
+with one line naming the file and the key path, e.g.
+``recipes/x.yaml: steps[1].gptq: unknown key 'blocksize'``.
 
 Example (``recipes/w4a16-g64.yaml``)::
 
@@ -10,126 +12,160 @@ Example (``recipes/w4a16-g64.yaml``)::
     scheme: W4A16
     group_size: 64
     ignore: [lm_head]
-    algorithm: {name: rtn}
+    steps:
+      - smoothquant: {alpha: 0.5}    # transforms first, each a mapping {name: options}
+      - gptq                         # the quantizer last; a bare name takes the defaults
+
+``algorithm: gptq`` (or ``algorithm: {name: gptq, block_size: 128}``) is the one-step form.
+A chain without a quantizer ends with RTN.
+
+The ``eval:`` section belongs to the evaluation package: the entry points pass its checker
+(``load_recipe(path, check_eval=...)``), so this module never imports that package.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Callable, Mapping, NamedTuple
 
 import yaml
+from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import QuantkitError
-from .scheme import QuantScheme, preset, with_group_size
+from .scheme import PRESETS, QuantScheme, with_group_size
+from .validation import build_options, checked_options, config, invalid, parse
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
-_TOP_KEYS = {"version", "name", "description", "scheme", "group_size", "config_groups", "ignore",
-             "algorithm", "calibration", "output", "eval"}
+
+#: Checks a recipe's ``eval:`` section: ``(section, "eval") -> section``, raising ``QuantkitError``.
+EvalCheck = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
 
 
-@dataclass(frozen=True)
+@config
 class CalibrationSettings:
-    num_samples: int = 128
-    max_seq_len: int = 512
-    seed: int = 0
-    dataset: str | None = None  # a path; None: the embedded default sample
+    num_samples: Annotated[StrictInt, Field(ge=1)] = 128
+    max_seq_len: Annotated[StrictInt, Field(ge=8)] = 512
+    seed: StrictInt = 0
+    dataset: StrictStr | None = None  # a path; None: the embedded default sample
     # Calibration tokens run through a layer in one call (samples packed into rows). None:
     # as many as fit a quarter of the free memory, normally all of them (one pass per layer).
-    batch_tokens: int | None = None
+    batch_tokens: Annotated[StrictInt, Field(gt=0)] | None = None
     # Keep the calibration hidden states in files next to the output between layers (only
     # the batch being run is in memory): for models whose activations do not fit.
-    offload: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.offload, bool):
-            raise QuantkitError(f"calibration.offload: must be true or false, got {self.offload!r}")
-        if self.batch_tokens is not None and (isinstance(self.batch_tokens, bool)
-                                              or not isinstance(self.batch_tokens, int) or self.batch_tokens < 1):
-            raise QuantkitError(f"calibration.batch_tokens: must be a positive integer or null, got {self.batch_tokens!r}")
-        if self.num_samples < 1:
-            raise QuantkitError(f"calibration.num_samples: must be >= 1, got {self.num_samples}")
-        if self.max_seq_len < 8:
-            raise QuantkitError(f"calibration.max_seq_len: must be >= 8, got {self.max_seq_len}")
+    offload: StrictBool = False
 
 
-@dataclass(frozen=True)
+@config
 class OutputSettings:
-    max_shard_size: int = 2 * 1024**3  # bytes
+    max_shard_size: Annotated[StrictInt, Field(ge=1024)] = 2 * 1024**3  # bytes, or "2GB" in a recipe
 
-    def __post_init__(self):
-        if self.max_shard_size < 1024:
-            raise QuantkitError(f"output.max_shard_size: too small ({self.max_shard_size} bytes)")
+    @field_validator("max_shard_size", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            size = _size_bytes(value)
+            if size is None:
+                raise invalid(f"cannot read size {value!r} (e.g. '2GB', '500MiB')")
+            return size
+        return value
 
 
-@dataclass(frozen=True)
+@config
+class StepSpec:
+    """One step of a layer's chain: a registered step's name and its options.
+
+    ``options`` holds the keys the recipe gave, validated against the step class's fields,
+    as plain values (an integer given for a float field is a float here).
+    """
+
+    name: StrictStr
+    options: dict[StrictStr, Any] = dataclasses.field(default_factory=dict)
+
+
+@config
 class Recipe:
-    groups: dict[str, QuantScheme]
-    ignore: tuple[str, ...] = ("lm_head",)
-    algorithm: str = "rtn"
-    algorithm_options: dict[str, Any] = field(default_factory=dict)
+    """A validated recipe. ``steps`` ends with the quantizer (RTN when the recipe names none).
+
+    Example:
+        >>> r = Recipe.from_dict({"scheme": "W4A16", "steps": ["gptq"]})
+        >>> r.algorithm, r.steps[-1].options
+        ('gptq', {})
+    """
+
+    groups: dict[StrictStr, QuantScheme]
+    ignore: tuple[StrictStr, ...] = ("lm_head",)
+    steps: tuple[StepSpec, ...] = (StepSpec("rtn"),)
     calibration: CalibrationSettings = CalibrationSettings()
     output: OutputSettings = OutputSettings()
-    eval: dict[str, Any] = field(default_factory=dict)
-    name: str = "custom"
+    eval: dict[StrictStr, Any] = dataclasses.field(default_factory=dict)
+    name: StrictStr = "custom"
+
+    @model_validator(mode="after")
+    def _valid_chain(self) -> "Recipe":
+        entries = [_Entry(s.name, s.options, f"steps[{i}]", f"steps[{i}].{s.name}", "step")
+                   for i, s in enumerate(self.steps)]
+        object.__setattr__(self, "steps", _chain(entries))  # frozen: set once, while validating
+        return self
+
+    # -- the quantizer, as before steps existed ------------------------------------------------
+    @property
+    def algorithm(self) -> str:
+        """The quantizer's name (the chain's last step)."""
+        return self.steps[-1].name
+
+    @property
+    def algorithm_options(self) -> dict[str, Any]:
+        """The quantizer's options, as the recipe gave them."""
+        return dict(self.steps[-1].options)
 
     # -- construction ------------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any], where: str = "recipe") -> "Recipe":
-        if not isinstance(d, Mapping):
-            raise QuantkitError(f"{where}: expected a mapping at the top level")
-        unknown = sorted(set(d) - _TOP_KEYS)
-        if unknown:
-            raise QuantkitError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(_TOP_KEYS))})")
-        version = d.get("version", RECIPE_VERSION)
-        if version != RECIPE_VERSION:
-            raise QuantkitError(f"{where}: version: unsupported recipe version {version!r} (this quantkit reads {RECIPE_VERSION})")
+    def from_dict(cls, d: Mapping[str, Any], where: str = "recipe", check_eval: EvalCheck | None = None) -> "Recipe":
+        """A recipe from its mapping form; ``where`` (the file) starts every error line.
+
+        ``check_eval`` checks the ``eval:`` section (the evaluation package's
+        ``check_eval_section``); without it the section is only required to be a mapping.
+        """
         try:
-            groups = _groups(d)
-            ignore = d.get("ignore", ["lm_head"])
-            if isinstance(ignore, str) or not all(isinstance(x, str) for x in ignore):
-                raise QuantkitError("ignore: expected a list of module names or 're:' patterns")
-            algo = d.get("algorithm", "rtn")
-            if isinstance(algo, str):
-                algo = {"name": algo}
-            if not isinstance(algo, Mapping) or "name" not in algo:
-                raise QuantkitError("algorithm: expected a name or a mapping with 'name'")
-            options = {k: v for k, v in algo.items() if k != "name"}
-            from .algorithms import build_algorithm
-
-            build_algorithm(algo["name"], options)  # validates option keys now, not mid-run
-            calib = _section(CalibrationSettings, d.get("calibration"), "calibration")
-            output = _section(OutputSettings, d.get("output"), "output")
-            ev = d.get("eval") or {}
-            if not isinstance(ev, Mapping):
-                raise QuantkitError("eval: expected a mapping")
-            from .evaluation.section import check_eval_section
-
-            ev = check_eval_section(ev)  # keys, thresholds, languages: fail before converting
+            f = parse(_RecipeFile, d)
+            if f.scheme is not None:
+                scheme = f.scheme if f.group_size is None else with_group_size(f.scheme, f.group_size)
+                groups = {"group_0": scheme}
+            else:
+                groups = dict(f.config_groups)
+            steps = _chain(_entries(f))
+            ev = dict(f.eval or {})
+            if check_eval is not None:
+                ev = dict(check_eval(ev, "eval"))
         except QuantkitError as e:
             raise QuantkitError(f"{where}: {e}") from None
-        ignore = tuple(ignore)
+        ignore = tuple(f.ignore)
         if "lm_head" not in ignore:
             ignore = ignore + ("lm_head",)
-        return cls(groups, ignore, algo["name"], options, calib, output, dict(ev), str(d.get("name", "custom")))
+        return cls(groups, ignore, steps, f.calibration or CalibrationSettings(), f.output or OutputSettings(),
+                   ev, f.name or "custom")
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "Recipe":
+    def from_file(cls, path: str | Path, check_eval: EvalCheck | None = None) -> "Recipe":
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-            data = yaml.safe_load(text)
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise QuantkitError(f"{path}: recipe file not found") from None
+        except IsADirectoryError:
+            raise QuantkitError(f"{path}: is a folder, not a recipe file") from None
+        except OSError as e:
+            raise QuantkitError(f"{path}: cannot read the recipe ({e.strerror or e})") from None
         except (yaml.YAMLError, UnicodeDecodeError) as e:
             first = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise QuantkitError(f"{path}: not valid YAML ({first})") from None
-        d = dict(data or {})
-        d.setdefault("name", path.stem)
-        return cls.from_dict(d, where=str(path))
+        if data is None:
+            data = {}
+        if isinstance(data, Mapping) and "name" not in data:
+            data = {**data, "name": path.stem}
+        return cls.from_dict(data, where=str(path), check_eval=check_eval)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,7 +173,7 @@ class Recipe:
             "name": self.name,
             "config_groups": {n: _scheme_yaml(s) for n, s in self.groups.items()},
             "ignore": list(self.ignore),
-            "algorithm": {"name": self.algorithm, **self.algorithm_options},
+            "steps": [{s.name: dict(s.options)} for s in self.steps],
             "calibration": dataclasses.asdict(self.calibration),
             "output": dataclasses.asdict(self.output),
             "eval": dict(self.eval),
@@ -152,7 +188,10 @@ class Recipe:
             for n, s in r.groups.items():
                 if s.weights is None or s.weights.type != "int" or s.input_activations is not None:
                     raise QuantkitError(f"--group-size: config_groups.{n} is not a weight-only int scheme")
-                groups[n] = with_group_size(s, group_size)
+                try:
+                    groups[n] = with_group_size(s, group_size)
+                except QuantkitError as e:
+                    raise QuantkitError(f"--group-size: {e}") from None
             r = dataclasses.replace(r, groups=groups)
         if ignore:
             r = dataclasses.replace(r, ignore=tuple(dict.fromkeys(r.ignore + tuple(ignore))))
@@ -164,7 +203,11 @@ class Recipe:
         if dataset is not None:
             calib["dataset"] = dataset
         if calib:
-            r = dataclasses.replace(r, calibration=dataclasses.replace(r.calibration, **calib))
+            try:
+                settings = dataclasses.replace(r.calibration, **calib)
+            except QuantkitError as e:
+                raise QuantkitError(f"calibration.{e}") from None
+            r = dataclasses.replace(r, calibration=settings)
         return r
 
     @property
@@ -173,45 +216,108 @@ class Recipe:
 
         ensure_registered()
         static_acts = any(s.input_activations is not None and not s.input_activations.dynamic for s in self.groups.values())
-        return ALGORITHMS[self.algorithm].requires_calibration or static_acts
+        return static_acts or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
 
 
-def _section(cls, value, key):
-    if value is None:
-        return cls()
-    if not isinstance(value, Mapping):
-        raise QuantkitError(f"{key}: expected a mapping")
-    allowed = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(value) - allowed)
-    if unknown:
-        raise QuantkitError(f"{key}: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
-    value = dict(value)
-    if key == "output" and isinstance(value.get("max_shard_size"), str):
-        value["max_shard_size"] = parse_size(value["max_shard_size"], "output.max_shard_size")
-    for f in dataclasses.fields(cls):
-        if f.name in value and value[f.name] is not None and f.type in ("int", int) and not isinstance(value[f.name], int):
-            raise QuantkitError(f"{key}.{f.name}: expected an integer, got {value[f.name]!r}")
-    return cls(**value)
+# -- the file's form -----------------------------------------------------------------------------
+@config
+class _RecipeFile:
+    """What a recipe file may say; ``Recipe.from_dict`` resolves it into a ``Recipe``."""
+
+    version: StrictInt = RECIPE_VERSION
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    scheme: QuantScheme | None = None  # a preset name or a mapping
+    group_size: Annotated[StrictInt, Field(gt=0)] | None = None
+    config_groups: dict[StrictStr, QuantScheme] | None = None
+    ignore: tuple[StrictStr, ...] = ("lm_head",)
+    algorithm: Any = None  # a name or {name: ..., options...}: read by _entries
+    steps: list[Any] | None = None  # names or {name: options}: read by _entries
+    calibration: CalibrationSettings | None = None
+    output: OutputSettings | None = None
+    eval: dict[StrictStr, Any] | None = None  # checked by the evaluation package
+
+    @field_validator("scheme", mode="before")
+    @classmethod
+    def _preset(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.upper() not in PRESETS:
+                raise invalid(f"unknown preset '{value}' (known: {', '.join(PRESETS)})")
+            return PRESETS[value.upper()]
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "_RecipeFile":
+        if self.version != RECIPE_VERSION:
+            raise invalid(f"unsupported recipe version {self.version!r} (this quantkit reads {RECIPE_VERSION})",
+                          "version")
+        if (self.scheme is None) == (self.config_groups is None):
+            raise invalid("give exactly one of 'scheme' (a preset name or mapping) and 'config_groups'", "scheme")
+        if self.config_groups == {}:
+            raise invalid("expected a non-empty mapping", "config_groups")
+        if self.group_size is not None:
+            if self.config_groups is not None:
+                raise invalid("set it inside config_groups.<name>.weights", "group_size")
+            w = self.scheme.weights
+            if w is None or w.type != "int" or self.scheme.input_activations is not None:
+                raise invalid("only weight-only int schemes take a group size", "group_size")
+        if self.algorithm is not None and self.steps is not None:
+            raise invalid("give 'steps' or 'algorithm', not both", "steps")
+        return self
 
 
-def _groups(d: Mapping[str, Any]) -> dict[str, QuantScheme]:
-    has_scheme, has_groups = "scheme" in d, "config_groups" in d
-    if has_scheme == has_groups:
-        raise QuantkitError("scheme: give exactly one of 'scheme' (a preset name or mapping) and 'config_groups'")
-    if has_scheme:
-        s = d["scheme"]
-        scheme = preset(s) if isinstance(s, str) else QuantScheme.from_dict(s, "scheme")
-        if d.get("group_size") is not None:
-            if scheme.weights is None or scheme.weights.type != "int":
-                raise QuantkitError("group_size: only int weight schemes take a group size")
-            scheme = with_group_size(scheme, d["group_size"])
-        return {"group_0": scheme}
-    if "group_size" in d:
-        raise QuantkitError("group_size: set it inside config_groups.<name>.weights")
-    cg = d["config_groups"]
-    if not isinstance(cg, Mapping) or not cg:
-        raise QuantkitError("config_groups: expected a non-empty mapping")
-    return {str(n): QuantScheme.from_dict(g, f"config_groups.{n}") for n, g in cg.items()}
+class _Entry(NamedTuple):
+    """A step as the recipe wrote it, with the key paths its errors name."""
+
+    name: Any
+    options: Any
+    at: str        # where an unknown name is reported
+    options_at: str  # where its options' errors are reported
+    noun: str      # "step", or "algorithm" for the one-step form
+
+
+def _entries(f: _RecipeFile) -> list[_Entry]:
+    if f.algorithm is not None:
+        algo = {"name": f.algorithm} if isinstance(f.algorithm, str) else f.algorithm
+        if not isinstance(algo, Mapping) or not isinstance(algo.get("name"), str):
+            raise QuantkitError("algorithm: expected a name or a mapping with 'name'")
+        options = {k: v for k, v in algo.items() if k != "name"}
+        return [_Entry(algo["name"], options, "algorithm.name", "algorithm", "algorithm")]
+    entries = []
+    for i, step in enumerate(f.steps or []):
+        at = f"steps[{i}]"
+        if isinstance(step, str):
+            name, options = step, None
+        elif isinstance(step, Mapping) and len(step) == 1 and isinstance(next(iter(step)), str):
+            (name, options), = step.items()
+        else:
+            raise QuantkitError(f"{at}: expected a step name or a mapping {{name: options}}, got {step!r}")
+        entries.append(_Entry(name, options, at, f"{at}.{name}", "step"))
+    return entries
+
+
+def _chain(entries: list[_Entry]) -> tuple[StepSpec, ...]:
+    """Validated steps: names registered, options checked, zero or more transforms then at
+    most one quantizer, last; RTN appended when there is none."""
+    from .algorithms import ALGORITHMS, ensure_registered
+
+    ensure_registered()
+    steps: list[StepSpec] = []
+    for e in entries:
+        cls = ALGORITHMS.get(e.name)
+        if cls is None:
+            raise QuantkitError(f"{e.at}: unknown {e.noun} '{e.name}' (known: {', '.join(sorted(ALGORITHMS))})")
+        if e.options is not None and not isinstance(e.options, Mapping):
+            raise QuantkitError(f"{e.options_at}: expected a mapping of options, got {e.options!r}")
+        values = checked_options(cls, e.options, e.options_at)
+        build_options(cls, values, e.options_at)  # the step's own checks (ranges) run now, not mid-run
+        steps.append(StepSpec(e.name, values))
+    for e, step in zip(entries[:-1], steps[:-1]):
+        if ALGORITHMS[step.name].kind == "quantizer":
+            raise QuantkitError(f"{e.at}: '{step.name}' is a quantizer, so it must be the last step")
+    if not steps or ALGORITHMS[steps[-1].name].kind != "quantizer":
+        steps.append(StepSpec("rtn"))
+    return tuple(steps)
 
 
 def _scheme_yaml(s: QuantScheme) -> dict[str, Any]:
@@ -223,34 +329,39 @@ def _scheme_yaml(s: QuantScheme) -> dict[str, Any]:
     return out
 
 
-def parse_size(text: str, where: str) -> int:
+def _size_bytes(text: str) -> int | None:
     units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
     t = text.strip().upper().replace(" ", "")
     num = t.rstrip("KMGIB")
-    unit = t[len(num):]
     try:
-        return int(float(num) * units[unit])
+        return int(float(num) * units[t[len(num):]])
     except (ValueError, KeyError):
-        raise QuantkitError(f"{where}: cannot read size {text!r} (e.g. '2GB', '500MiB')") from None
+        return None
 
 
-def load_recipe(recipe: "str | Path | Recipe | Mapping | None") -> Recipe:
-    """A recipe from a ``Recipe``, a mapping, a YAML path, a shipped recipe name or a preset name."""
+def load_recipe(recipe: "str | Path | Recipe | Mapping | None", check_eval: EvalCheck | None = None) -> Recipe:
+    """A recipe from a ``Recipe``, a mapping, a YAML path, a shipped recipe name or a preset name.
+
+    ``check_eval`` also checks the ``eval:`` section (see ``Recipe.from_dict``).
+    """
     if isinstance(recipe, Recipe):
+        if check_eval is not None:
+            try:
+                check_eval(recipe.eval, "eval")
+            except QuantkitError as e:
+                raise QuantkitError(f"recipe {recipe.name}: {e}") from None
         return recipe
     if recipe is None:
         recipe = "w4a16-g64"
     if isinstance(recipe, Mapping):
-        return Recipe.from_dict(recipe)
+        return Recipe.from_dict(recipe, check_eval=check_eval)
     text = str(recipe)
     path = Path(text)
     if path.suffix in (".yaml", ".yml") or path.exists():
-        return Recipe.from_file(path)
+        return Recipe.from_file(path, check_eval)
     shipped = RECIPES_DIR / f"{text.lower()}.yaml"
     if shipped.exists():
-        return Recipe.from_file(shipped)
-    from .scheme import PRESETS
-
+        return Recipe.from_file(shipped, check_eval)
     if text.upper() in PRESETS:
         return Recipe.from_dict({"scheme": text.upper(), "name": text.lower()})
     known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []

@@ -14,23 +14,23 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping, get_args
+
+from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from .errors import QuantkitError
+from .formats.packing import PACKABLE_BITS
+from .validation import config, invalid, parse
 
-STRATEGIES = ("tensor", "channel", "group", "token")
-TYPES = ("int", "float")
-ACTORDERS = (None, "group", "weight")
+Strategy = Literal["tensor", "channel", "group", "token"]
+QuantType = Literal["int", "float"]
+ActOrder = Literal["group", "weight"]
+STRATEGIES = get_args(Strategy)
+TYPES = get_args(QuantType)
+ACTORDERS = (None, *get_args(ActOrder))
 
 
-def _reject_unknown(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(d) - allowed)
-    if unknown:
-        raise QuantkitError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})")
-
-
-@dataclass(frozen=True)
+@config
 class QuantArgs:
     """How one tensor is quantized.
 
@@ -38,57 +38,42 @@ class QuantArgs:
     "channel" for static tensors and "token" for dynamic ones.
     """
 
-    num_bits: int = 8
-    type: str = "int"
-    symmetric: bool = True
-    strategy: str | None = None
-    group_size: int | None = None
-    dynamic: bool = False
-    actorder: str | None = None
-    observer: str = "minmax"
+    num_bits: StrictInt = 8
+    type: QuantType = "int"
+    symmetric: StrictBool = True
+    strategy: Strategy | None = None
+    group_size: Annotated[StrictInt, Field(gt=0)] | None = None
+    dynamic: StrictBool = False
+    actorder: ActOrder | None = None
+    observer: Literal["minmax", "mse"] = "minmax"
 
-    def __post_init__(self) -> None:
-        if self.type not in TYPES:
-            raise QuantkitError(f"type: must be one of {TYPES}, got {self.type!r}")
+    @model_validator(mode="after")
+    def _consistent(self) -> "QuantArgs":
         if self.strategy is None:
-            inferred = "group" if self.group_size else ("token" if self.dynamic else "channel")
-            object.__setattr__(self, "strategy", inferred)
-        if self.strategy not in STRATEGIES:
-            raise QuantkitError(f"strategy: must be one of {STRATEGIES}, got {self.strategy!r}")
+            inferred = "group" if self.group_size is not None else ("token" if self.dynamic else "channel")
+            object.__setattr__(self, "strategy", inferred)  # frozen: set once, while validating
         if self.type == "int" and not 2 <= self.num_bits <= 8:
-            raise QuantkitError(f"num_bits: int quantization supports 2..8 bits, got {self.num_bits}")
+            raise invalid(f"int quantization supports 2..8 bits, got {self.num_bits}", "num_bits")
         if self.type == "float":
             if self.num_bits != 8:
-                raise QuantkitError(f"num_bits: float quantization supports 8 bits (E4M3), got {self.num_bits}")
+                raise invalid(f"float quantization supports 8 bits (E4M3), got {self.num_bits}", "num_bits")
             if not self.symmetric:
-                raise QuantkitError("symmetric: float8 quantization must be symmetric")
+                raise invalid("float8 quantization must be symmetric", "symmetric")
         if self.strategy == "group":
-            if not isinstance(self.group_size, int) or self.group_size <= 0:
-                raise QuantkitError(f"group_size: strategy 'group' needs a positive group_size, got {self.group_size!r}")
+            if self.group_size is None:
+                raise invalid("strategy 'group' needs a positive group_size", "group_size")
         elif self.group_size is not None:
-            raise QuantkitError(f"group_size: only valid with strategy 'group' (strategy is {self.strategy!r})")
+            raise invalid(f"only valid with strategy 'group' (strategy is {self.strategy!r})", "group_size")
         if self.strategy == "token" and not self.dynamic:
-            raise QuantkitError("strategy: per-token quantization must be dynamic (static 'token' is impossible)")
-        if self.actorder not in ACTORDERS:
-            raise QuantkitError(f"actorder: must be 'group', 'weight' or null, got {self.actorder!r}")
+            raise invalid("per-token quantization must be dynamic (static 'token' is impossible)", "strategy")
         if self.actorder == "group" and self.strategy != "group":
-            raise QuantkitError("actorder: 'group' needs strategy 'group'")
-        if self.observer not in ("minmax", "mse"):
-            raise QuantkitError(f"observer: must be 'minmax' or 'mse', got {self.observer!r}")
+            raise invalid("'group' needs strategy 'group'", "actorder")
+        return self
 
     # -- serialisation -------------------------------------------------------------
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "quant_args") -> "QuantArgs":
-        if not isinstance(d, Mapping):
-            raise QuantkitError(f"{where}: expected a mapping, got {type(d).__name__}")
-        allowed = {f.name for f in dataclasses.fields(cls)}
-        _reject_unknown(d, allowed, where)
-        try:
-            return cls(**dict(d))
-        except QuantkitError as e:
-            raise QuantkitError(f"{where}.{e}") from None
-        except TypeError as e:
-            raise QuantkitError(f"{where}: {e}") from None
+        return parse(cls, d, where)
 
     def to_dict(self) -> dict[str, Any]:
         """The compressed-tensors QuantizationArgs form."""
@@ -121,35 +106,38 @@ class QuantArgs:
             )
 
 
-@dataclass(frozen=True)
+@config
 class QuantScheme:
     """Quantization of a set of modules: weights, input activations (optional)."""
 
-    targets: tuple[str, ...] = ("Linear",)
+    targets: tuple[StrictStr, ...] = ("Linear",)
     weights: QuantArgs | None = None
     input_activations: QuantArgs | None = None
     output_activations: QuantArgs | None = None
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "targets", tuple(self.targets))
+    @model_validator(mode="after")
+    def _supported(self) -> "QuantScheme":
         if self.weights is None and self.input_activations is None:
-            raise QuantkitError("scheme: needs 'weights' or 'input_activations'")
+            raise invalid("needs 'weights' or 'input_activations'")
         if self.output_activations is not None:
-            raise QuantkitError("output_activations: not supported")
+            raise invalid("not supported", "output_activations")
         w, a = self.weights, self.input_activations
         if w is not None and w.dynamic:
-            raise QuantkitError("weights.dynamic: weights are quantized statically")
+            raise invalid("weights are quantized statically", "weights.dynamic")
         if a is not None:
             if a.strategy in ("group", "channel"):
-                raise QuantkitError(f"input_activations.strategy: '{a.strategy}' is not supported for activations")
+                raise invalid(f"'{a.strategy}' is not supported for activations", "input_activations.strategy")
             if w is None or w.num_bits != 8 or a.num_bits != 8 or w.type != a.type:
-                raise QuantkitError(
-                    "input_activations: only W8A8 (int8 x int8 or fp8 x fp8) is supported"
-                )
+                raise invalid("only W8A8 (int8 x int8 or fp8 x fp8) is supported", "input_activations")
             if w.strategy == "group":
-                raise QuantkitError("weights.strategy: W8A8 weights must be per tensor or per channel")
+                raise invalid("W8A8 weights must be per tensor or per channel", "weights.strategy")
             if w.type == "int" and not (a.symmetric and w.symmetric):
-                raise QuantkitError("input_activations.symmetric: int8 W8A8 must be symmetric")
+                raise invalid("int8 W8A8 must be symmetric", "input_activations.symmetric")
+        if self.format == "pack-quantized" and w.num_bits not in PACKABLE_BITS:
+            # codes of other widths would straddle the int32 words (formats/packing.py)
+            widths = ", ".join(map(str, PACKABLE_BITS[:-1])) + f" or {PACKABLE_BITS[-1]}"
+            raise invalid(f"pack-quantized packs {widths} bits, got {w.num_bits}", "weights.num_bits")
+        return self
 
     @property
     def format(self) -> str:
@@ -163,22 +151,7 @@ class QuantScheme:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], where: str = "scheme") -> "QuantScheme":
-        if not isinstance(d, Mapping):
-            raise QuantkitError(f"{where}: expected a mapping, got {type(d).__name__}")
-        _reject_unknown(d, {"targets", "weights", "input_activations", "output_activations", "format"}, where)
-        targets = d.get("targets", ["Linear"])
-        if isinstance(targets, str) or not all(isinstance(t, str) for t in targets):
-            raise QuantkitError(f"{where}.targets: expected a list of strings")
-
-        def args(key: str) -> QuantArgs | None:
-            v = d.get(key)
-            return None if v is None else QuantArgs.from_dict(v, f"{where}.{key}")
-
-        try:
-            return cls(tuple(targets), args("weights"), args("input_activations"), args("output_activations"))
-        except QuantkitError as e:
-            msg = str(e)
-            raise QuantkitError(msg if msg.startswith(where) else f"{where}.{msg}") from None
+        return parse(cls, d, where)
 
     def to_dict(self) -> dict[str, Any]:
         return {

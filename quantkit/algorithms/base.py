@@ -110,7 +110,11 @@ ALGORITHMS: dict[str, type[Algorithm]] = {}
 
 
 def register_algorithm(name: str):
-    """Class decorator: make an algorithm available to recipes under ``name``."""
+    """Class decorator: make a step (a dataclass) available to recipes under ``name``.
+
+    Its recipe options are its init fields, checked strictly against their annotations
+    (``quantkit.validation.build_options``): no per-class validation code.
+    """
 
     def deco(cls):
         cls.name = name
@@ -121,21 +125,11 @@ def register_algorithm(name: str):
 
 
 def build_algorithm(name: str, options: Mapping[str, Any] | None = None, where: str = "algorithm") -> Algorithm:
-    """Instantiate a registered algorithm from recipe options, rejecting unknown keys."""
+    """Instantiate a registered step from recipe options (typed, unknown keys refused)."""
+    from ..validation import build_options
     from . import ensure_registered
 
     ensure_registered()
     if name not in ALGORITHMS:
         raise QuantkitError(f"{where}.name: unknown algorithm '{name}' (known: {', '.join(sorted(ALGORITHMS))})")
-    cls = ALGORITHMS[name]
-    options = dict(options or {})
-    allowed = {f.name for f in dataclasses.fields(cls)}
-    for key in options:
-        if key not in allowed:
-            raise QuantkitError(f"{where}: unknown key '{key}' for algorithm '{name}' (allowed: {', '.join(sorted(allowed)) or 'none'})")
-    try:
-        return cls(**options)
-    except QuantkitError as e:
-        raise QuantkitError(f"{where}.{e}") from None
-    except (TypeError, ValueError) as e:
-        raise QuantkitError(f"{where}: {e}") from None
+    return build_options(ALGORITHMS[name], options, where)

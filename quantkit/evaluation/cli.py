@@ -19,7 +19,8 @@ def _recipe_eval(recipe: Optional[str]) -> dict:
     if not recipe:
         return {}
     from ..recipe import load_recipe
-    return dict(load_recipe(recipe).eval)
+    from .section import check_eval_section
+    return dict(load_recipe(recipe, check_eval=check_eval_section).eval)
 
 
 def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: str | None = None,

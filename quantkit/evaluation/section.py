@@ -8,12 +8,29 @@ conversion starts, not after it)::
       thresholds: {kl_mean: {review: 0.01, nogo: 0.05}}   # verdict.py
       options: {text_items: 12}                           # SuiteOptions
       show_samples: false
+
+The core never imports this package: the entry points that load a recipe pass the checker,
+``load_recipe(path, check_eval=check_eval_section)`` (``quantkit convert``, ``quantkit eval``).
 """
 from __future__ import annotations
 
-from ..errors import QuantkitError
+from typing import Annotated, Any
 
-EVAL_KEYS = {"thresholds", "suite", "max_len", "show_samples", "options", "languages"}
+from pydantic import Field, StrictBool, StrictInt, StrictStr
+
+from ..validation import build_options, config, parse
+
+
+@config
+class EvalSection:
+    """The section's keys and types; the values below are checked by their own readers."""
+
+    suite: StrictStr | None = None
+    max_len: Annotated[StrictInt, Field(ge=16)] | None = None
+    show_samples: StrictBool = False
+    languages: Any = None                              # "en,zh" or [en, zh]: parse_languages
+    thresholds: dict[StrictStr, Any] | None = None     # measure -> {review, nogo}: Thresholds
+    options: dict[StrictStr, Any] | None = None        # SuiteOptions fields
 
 
 def check_eval_section(section, where: str = "eval") -> dict:
@@ -21,23 +38,17 @@ def check_eval_section(section, where: str = "eval") -> dict:
     from .languages import parse_languages
     from .verdict import Thresholds
 
+    parse(EvalSection, {} if section is None else section, where)
     section = dict(section or {})
-    unknown = sorted(set(section) - EVAL_KEYS)
-    if unknown:
-        raise QuantkitError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(EVAL_KEYS))})")
     Thresholds.from_dict(section.get("thresholds"), f"{where}.thresholds")
     if section.get("languages") is not None:
         parse_languages(section["languages"], f"{where}.languages")
     suite_options(section, where)
-    max_len = section.get("max_len")
-    if max_len is not None and (not isinstance(max_len, int) or isinstance(max_len, bool) or max_len < 16):
-        raise QuantkitError(f"{where}.max_len: expected an integer >= 16, got {max_len!r}")
     return section
 
 
 def suite_options(section: dict, where: str = "eval"):
-    """``SuiteOptions`` from the section's ``options`` (unknown keys and non-integers refused)."""
-    from ..recipe import _section
+    """``SuiteOptions`` from the section's ``options`` (unknown keys and wrong types refused)."""
     from .slices import SuiteOptions
 
-    return _section(SuiteOptions, section.get("options"), f"{where}.options")
+    return build_options(SuiteOptions, section.get("options"), f"{where}.options")

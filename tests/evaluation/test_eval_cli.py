@@ -86,4 +86,4 @@ def test_unknown_eval_key_in_recipe(folders, tmp_path):
     bad.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": {"tresholds": {}}}))
     r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
                                    "--recipe", str(bad)])
-    assert r.exit_code == 2 and "eval.tresholds: unknown key" in r.output
+    assert r.exit_code == 2 and "r.yaml: eval: unknown key 'tresholds'" in r.output

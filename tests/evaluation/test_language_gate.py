@@ -13,6 +13,7 @@ from quantkit.errors import QuantkitError
 from quantkit.evaluation import evaluate, evaluate_paths, load_suite
 from quantkit.evaluation.languages import (LanguageGate, language_gate, model_card_languages,
                                            parse_languages, slice_language)
+from quantkit.evaluation.section import check_eval_section
 from quantkit.evaluation.slices import Slice, SuiteOptions, business_slices
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide
 from quantkit.recipe import load_recipe
@@ -77,14 +78,21 @@ def test_bad_languages_name_the_key(bad, message):
 
 
 def test_recipe_eval_languages_is_checked_when_the_recipe_loads():
-    r = load_recipe({"scheme": "W8A16", "eval": {"languages": ["en", "zh"]}})
-    assert r.eval["languages"] == ["en", "zh"]
+    # the entry points (convert, eval) load recipes with the evaluation package's checker
+    def load(section):
+        return load_recipe({"scheme": "W8A16", "eval": section}, check_eval=check_eval_section)
+
+    assert load({"languages": ["en", "zh"]}).eval["languages"] == ["en", "zh"]
     with pytest.raises(QuantkitError, match="recipe: eval.languages: 'english' is not a language code"):
-        load_recipe({"scheme": "W8A16", "eval": {"languages": "english"}})
-    with pytest.raises(QuantkitError, match="recipe: eval.langauges: unknown key"):
-        load_recipe({"scheme": "W8A16", "eval": {"langauges": ["en"]}})
+        load({"languages": "english"})
+    with pytest.raises(QuantkitError, match="recipe: eval: unknown key 'langauges'"):
+        load({"langauges": ["en"]})
     with pytest.raises(QuantkitError, match=r"recipe: eval.thresholds.kl_maen: unknown measure"):
-        load_recipe({"scheme": "W8A16", "eval": {"thresholds": {"kl_maen": {"review": 1}}}})
+        load({"thresholds": {"kl_maen": {"review": 1}}})
+    with pytest.raises(QuantkitError, match=r"recipe: eval.max_len: must be >= 16, got 8"):
+        load({"max_len": 8})
+    with pytest.raises(QuantkitError, match=r"recipe: eval.options.text_items: expected an integer, got 1.5"):
+        load({"options": {"text_items": 1.5}})
 
 
 # --- the decision ---------------------------------------------------------------------
