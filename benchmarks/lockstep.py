@@ -30,7 +30,7 @@ def main() -> None:
     import torch
 
     import quantkit
-    import quantkit.pipeline as pipeline
+    import quantkit.pipeline.batches as pipeline
 
     sys.path.insert(0, str(HERE))
     import gptq as bench

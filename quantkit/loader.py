@@ -18,7 +18,7 @@ from .errors import QuantkitError
 from .formats.compressed_tensors import parse_quantization_config, scheme_for
 from .kernels import select_backend
 from .modules import QuantLinear
-from .pipeline import _config_dtype
+from .pipeline.onload import config_dtype as _config_dtype
 from .source import SafetensorsSource
 
 

@@ -253,7 +253,7 @@ def test_gptq_one_pass_and_batched_reruns_agree(tiny_llama, tmp_path):
 
 def test_gptq_batches_in_lockstep_match_one_batch(tiny_llama, tmp_path, monkeypatch):
     """One pass in several calibration batches (paused at each linear) against one batch."""
-    from quantkit import pipeline
+    from quantkit.pipeline import batches as pipeline
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
     samples = _varied_samples()

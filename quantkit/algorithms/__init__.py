@@ -1,6 +1,7 @@
 """Quantization algorithms. Each module registers itself in ``ALGORITHMS`` when imported."""
 
-from .base import ALGORITHMS, Algorithm, LayerContext, QuantizedWeight, build_algorithm, register_algorithm
+from .base import (ALGORITHMS, Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult,
+                   build_algorithm, register_algorithm)
 
 # The built-in algorithms; an optional one that fails to import does not break the others.
 _BUILTIN = ("rtn", "gptq", "awq", "smoothquant")
@@ -17,4 +18,5 @@ def ensure_registered() -> None:
                 raise
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LayerContext", "QuantizedWeight", "build_algorithm", "register_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "LayerContext", "QuantizedWeight", "Step", "Transform", "TransformResult",
+           "build_algorithm", "register_algorithm"]

@@ -1,10 +1,20 @@
-"""The algorithm interface: one decoder layer at a time.
+"""The layer-step interface: one decoder layer at a time, a chain of steps per layer.
 
-An algorithm is a dataclass whose fields are its recipe options. The pipeline hands it a
-``LayerContext`` (the materialised layer, its target linears with their schemes, and a way
-to run the layer over the captured calibration inputs); it returns quantized weights as
-plain data. Applying them (writing dequantized weights back, packing, writing shards) is
-the pipeline's job, so results can be inspected, saved and reused.
+A recipe's ``steps`` are modifiers, each a dataclass whose fields are its recipe options,
+registered with ``register_algorithm``. Two kinds:
+
+- a **transform** (``Transform``: AWQ, SmoothQuant) may change any parameter of the layer
+  (norms, biases, producer linears) as long as the float layer computes the same function.
+  Its ``search(ctx)`` returns plain data (``TransformResult``: tensors plus a JSON summary);
+  ``apply(ctx, result)`` is a separate step, so a result can be saved and re-applied
+  without searching again.
+- a **quantizer** (``Algorithm``: RTN, GPTQ) returns quantized weights of the target linears
+  as plain data. Writing the dequantized weights back, packing and writing is the
+  pipeline's job.
+
+A chain is zero or more transforms followed by one quantizer (RTN when the recipe names
+none). After the chain, the pipeline writes every tensor of the layer from the layer in
+memory, never from the source checkpoint.
 """
 
 from __future__ import annotations
@@ -12,13 +22,16 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 import torch
 from torch import nn
 
 from ..errors import QuantkitError
 from ..scheme import QuantScheme
+
+if TYPE_CHECKING:
+    from ..arch import ArchSpec
 
 
 @dataclass
@@ -72,11 +85,16 @@ class LayerContext:
     num_samples: int = 0
     num_tokens: int = 0
     single_pass: bool = False
+    arch: "ArchSpec | None" = None    # the architecture table's entry (mappings, norm offset)
+    config: Any = None                # the model's transformers config (head counts)
+    num_batches: int = 0
     tokens: Callable[[torch.Tensor], torch.Tensor] = field(
         default=lambda x: x.reshape(-1, x.shape[-1]))
     sync: Callable[[str, Callable[[], None]], None] = field(default=lambda key, action: action())
     batch_index: Callable[[], int | None] = field(default=lambda: None)
     propagated: bool = False
+    # input absmax of static-activation targets, recorded by a propagating pass
+    observed: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def forward(self, propagate: bool = False, interleaved: bool = False) -> None:
         """Run the layer over every captured calibration input (hooks see the real inputs).
@@ -95,18 +113,62 @@ class LayerContext:
             self.propagated = True
 
 
-class Algorithm(ABC):
-    """Base class; subclasses are dataclasses registered with ``register_algorithm``."""
+    def forward_batches(self, batches: "list[int] | None" = None) -> None:
+        """Run the layer over some calibration batches (all when None), nothing propagated.
+
+        A hook that needs to know which batch it sees calls ``batch_index()``. Transforms use
+        this to observe activation statistics and capture sub-module inputs for replay.
+        """
+        self.run(batches=batches)
+
+
+@dataclass
+class TransformResult:
+    """What a transform's search found for one layer, as plain data.
+
+    ``tensors``: what ``apply`` needs (scales per mapping, clip ranges per linear), saved to
+    the output's transforms file; ``summary``: JSON-serialisable figures (chosen ratio or
+    alpha, loss before and after) for ``quantization_log.json``.
+    """
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class Step(ABC):
+    """A modifier of one decoder layer; subclasses are dataclasses (their fields: recipe options)."""
 
     name: ClassVar[str] = ""
+    kind: ClassVar[str] = "quantizer"   # or "transform"
     requires_calibration: ClassVar[bool] = False
+
+
+class Algorithm(Step):
+    """A quantizer: the last step of a layer's chain."""
+
+    kind: ClassVar[str] = "quantizer"
 
     @abstractmethod
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
         """Quantize the target linears of one layer and return their codes and qparams."""
 
 
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+class Transform(Step):
+    """A function-preserving change of the layer's float parameters, searched then applied."""
+
+    kind: ClassVar[str] = "transform"
+    requires_calibration: ClassVar[bool] = True
+
+    @abstractmethod
+    def search(self, ctx: LayerContext) -> TransformResult:
+        """Find the transform for this layer (the layer is left unchanged)."""
+
+    @abstractmethod
+    def apply(self, ctx: LayerContext, result: TransformResult) -> None:
+        """Change the layer's parameters as ``result`` says."""
+
+
+ALGORITHMS: dict[str, type[Step]] = {}
 
 
 def register_algorithm(name: str):
@@ -124,7 +186,7 @@ def register_algorithm(name: str):
     return deco
 
 
-def build_algorithm(name: str, options: Mapping[str, Any] | None = None, where: str = "algorithm") -> Algorithm:
+def build_algorithm(name: str, options: Mapping[str, Any] | None = None, where: str = "algorithm") -> Step:
     """Instantiate a registered step from recipe options (typed, unknown keys refused)."""
     from ..validation import build_options
     from . import ensure_registered

@@ -1,0 +1,49 @@
+"""Onload and offload: the model as a meta skeleton, one layer materialised from the shards at a time."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def get_module(root: nn.Module, path: str) -> nn.Module:
+    m = root
+    for part in path.split("."):
+        m = m[int(part)] if part.isdigit() else getattr(m, part)
+    return m
+
+
+def build_skeleton(config) -> nn.Module:
+    """The model with parameters on the meta device and real (computed) buffers."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+    return model.eval()
+
+
+def config_dtype(config) -> torch.dtype:
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(d, str):
+        d = getattr(torch, d)
+    return d
+
+
+def materialize(module: nn.Module, prefix: str, source, device: str = "cpu") -> None:
+    """Load a module's parameters (those stored in the checkpoint) from the source."""
+    state = {}
+    for name, p in module.named_parameters(recurse=True):
+        state[name] = source.get(f"{prefix}{name}").to(device=device, dtype=p.dtype)
+    for name, b in module.named_buffers(recurse=True):
+        key = f"{prefix}{name}"
+        if key in source:
+            state[name] = source.get(key).to(device)
+    module.load_state_dict(state, strict=False, assign=True)
+
+
+def dematerialize(module: nn.Module) -> None:
+    for name, p in list(module.named_parameters(recurse=True)):
+        owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
+        leaf = name.rsplit(".", 1)[-1]
+        setattr(owner, leaf, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))

@@ -1,0 +1,107 @@
+"""One decoder layer run over the calibration batches: the contract every step observes through.
+
+``CalibrationPasses`` owns what a layer needs to run on calibration data (the hidden
+states, each batch's captured call arguments, which positions are real tokens) and gives a
+step three ways to use it, all through forward hooks on the layer's modules:
+
+- ``run(layer, i)``: every batch, one after another (hooks may ask ``batch_index()``);
+- ``run(layer, i, batches=[...])``: some batches only (a transform's search on a subset);
+- ``run(layer, i, interleaved=True)``: every batch in lockstep, pausing at ``sync`` points
+  (``quantkit.interleave``: GPTQ's one-pass true-sequential solve);
+- ``propagate=True`` (every batch): the pass's outputs become the next layer's inputs, and the
+  inputs of static-activation linears are observed for their scales.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..errors import QuantkitError
+from ..interleave import Interleaver
+from ..scheme import QuantScheme
+from .batches import CalibrationChunk
+from .capture import layer_output
+from .store import ActivationStore
+
+
+class CalibrationPasses:
+    def __init__(self, chunks: list[CalibrationChunk], hidden: ActivationStore,
+                 args_per_layer: list[list[tuple]], kwargs_per_layer: list[list[dict]]):
+        self.chunks, self.hidden = chunks, hidden
+        self.args_per_layer, self.kwargs_per_layer = args_per_layer, kwargs_per_layer
+        self.interleaver = Interleaver()
+        self._batch: int | None = None
+
+    @property
+    def count(self) -> int:
+        return self.hidden.count
+
+    def batch_index(self) -> int | None:
+        """The batch now running (None outside a pass)."""
+        return self._batch
+
+    def tokens(self, where: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``tokens(x)`` for the batch now running: its real tokens as ``[n, features]``."""
+        def tokens(x: torch.Tensor) -> torch.Tensor:
+            j = self._batch
+            valid = None if j is None else self.chunks[j].valid
+            if valid is None:
+                return x.reshape(-1, x.shape[-1])
+            if tuple(x.shape[:-1]) != tuple(valid.shape):
+                raise QuantkitError(f"{where}: a linear's input has shape {tuple(x.shape)}, not [rows, row_len, features] "
+                                    f"{tuple(valid.shape)}: cannot tell calibration tokens from padding")
+            return x[valid.to(x.device)]
+        return tokens
+
+    def run(self, layer: nn.Module, i: int, propagate: bool = False, interleaved: bool = False,
+            batches: list[int] | None = None, observe: dict[str, tuple[nn.Linear, QuantScheme]] | None = None,
+            observed: dict[str, torch.Tensor] | None = None) -> None:
+        """Run layer ``i`` over the calibration batches (see the module docstring).
+
+        With ``propagate``, the input absmax of each linear in ``observe`` whose scheme has
+        static activations is recorded into ``observed`` (real tokens only).
+        """
+        if propagate and batches is not None:
+            raise RuntimeError("a propagating pass must run every calibration batch")
+        order = list(range(self.count)) if batches is None else list(batches)
+        hooks = self._observe_static(observe or {}, observed, f"layers.{i}") if propagate else []
+
+        def call(j: int) -> None:
+            out = layer_output(layer(self.hidden.get(j), *self.args_per_layer[i][j], **self.kwargs_per_layer[i][j]))
+            if propagate:
+                self.hidden.put_next(j, out)
+
+        def select(j: int) -> None:
+            self._batch = j
+
+        try:
+            with torch.no_grad():
+                if interleaved:
+                    self.interleaver.run([functools.partial(call, j) for j in order], before=lambda k: select(order[k]))
+                else:
+                    for j in order:
+                        select(j)
+                        call(j)
+        finally:
+            self._batch = None
+            for h in hooks:
+                h.remove()
+
+    def _observe_static(self, targets, observed, where) -> list:
+        if observed is None:
+            return []
+        observed.clear()
+        tokens = self.tokens(where)
+        hooks = []
+        for name, (m, s) in targets.items():
+            a = s.input_activations
+            if a is not None and not a.dynamic:
+                def observe(mod, inp, _name=name):
+                    v = tokens(inp[0].detach()).abs().amax().float()
+                    observed[_name] = torch.maximum(observed.get(_name, v), v)
+                hooks.append(m.register_forward_pre_hook(observe))
+        return hooks

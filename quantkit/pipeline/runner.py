@@ -1,0 +1,285 @@
+"""The layer loop: onload -> steps -> write back -> propagate -> write the whole layer -> free.
+
+Memory stays flat in model depth: only the embeddings, one decoder layer and the captured
+hidden states of the calibration set are resident at any time; every other weight is read
+from the safetensors shards when its layer comes up and dropped when the layer is written.
+
+For each decoder layer:
+1. onload its parameters from the shards;
+2. run the recipe's transforms (each searches, returns data, then applies it: it may change
+   any parameter of the layer) and then its quantizer (codes and qparams of the targets);
+3. write the dequantized weights back, so the layer computes what the checkpoint will;
+4. propagate: the calibration batches run through the final layer to give the next layer's
+   inputs and the static activation scales (skipped when the quantizer's own pass did it);
+5. write every tensor of the layer from the layer in memory (packed targets, transformed
+   norms and biases), then free it.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult, build_algorithm
+from ..arch import ArchSpec, arch_for
+from ..errors import QuantkitError
+from ..formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from ..formats.writer import ShardWriter
+from ..primitives import calculate_qparams
+from ..recipe import Recipe
+from ..scheme import QuantScheme
+from . import batches as _batches
+from . import record
+from .batches import auto_batch_tokens, make_chunks, num_tokens_of
+from .capture import capture_inputs
+from .onload import build_skeleton, dematerialize, get_module, materialize
+from .passes import CalibrationPasses
+from .store import ActivationStore
+
+
+@dataclass
+class PipelineResult:
+    path: Path
+    bytes_before: int
+    bytes_after: int
+    seconds: float
+    peak_rss_bytes: int
+    num_quantized: int
+    num_layers: int
+    module_stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    formats: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        return self.bytes_before / max(self.bytes_after, 1)
+
+
+def peak_rss_bytes() -> int:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def build_steps(recipe: Recipe) -> tuple[list[tuple[str, Transform]], Algorithm]:
+    """The recipe's chain as step objects: (key, transform) pairs, then the quantizer."""
+    transforms: list[tuple[str, Transform]] = []
+    quantizer: Algorithm | None = None
+    for k, spec in enumerate(recipe.steps):
+        step: Step = build_algorithm(spec.name, spec.options, where=f"steps[{k}]")
+        if isinstance(step, Transform):
+            transforms.append((record.step_key(k, spec.name), step))
+        else:
+            quantizer = step   # the recipe's validation puts exactly one quantizer, last
+    return transforms, quantizer
+
+
+def layer_targets(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, QuantScheme]]:
+    out = {}
+    for name, m in layer.named_modules():
+        if isinstance(m, nn.Linear):
+            s = scheme_for(f"{prefix}{name}", "Linear", recipe.groups, list(recipe.ignore))
+            if s is not None:
+                out[name] = (m, s)
+    return out
+
+
+def _check_widths(layers: nn.Module, layers_path: str, recipe: Recipe) -> None:
+    for i, layer in enumerate(layers):
+        prefix = f"{layers_path}.{i}."
+        for name, (m, s) in layer_targets(layer, prefix, recipe).items():
+            group = next(g for g, sc in recipe.groups.items() if sc is s)
+            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({prefix}{name})")
+
+
+def _subgroups(spec: ArchSpec, targets: dict) -> list[list[str]]:
+    groups = [[n for n in sg if n in targets] for sg in spec.subgroups]
+    groups = [g for g in groups if g]
+    leftover = [n for n in targets if not any(n in g for g in groups)]
+    return groups + ([leftover] if leftover else [])
+
+
+def _no_data(**_: Any) -> None:
+    raise QuantkitError("calibration: this step ran the layer but no calibration data was captured")
+
+
+def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None, writer: ShardWriter,
+                 device: str = "cpu", progress: Callable[[Iterable, int], Iterable] | None = None,
+                 log: Callable[[str], None] | None = None) -> PipelineResult:
+    """Quantize the model described by ``config`` whose tensors come from ``source``."""
+    t0 = time.time()
+    arch_name, spec = arch_for(config)
+    model = build_skeleton(config)
+    layers = get_module(model, spec.layers)
+    _check_widths(layers, spec.layers, recipe)
+    transforms, quantizer = build_steps(recipe)
+    needs_data = recipe.needs_calibration
+    if needs_data and not samples:
+        raise QuantkitError("calibration: this recipe needs calibration data (a step or static activations)")
+
+    # Non-layer tensors (embeddings, final norm, lm_head): copied unchanged.
+    layer_prefix = spec.layers + "."
+    for k in [k for k in source.keys() if not k.startswith(layer_prefix)]:
+        writer.add(k, source.get(k))
+        writer.end_unit()  # embeddings can be GBs: do not hold several at once
+    source.release()
+
+    passes: CalibrationPasses | None = None
+    offload_dir: Path | None = None
+    single_pass = False
+    if needs_data:
+        passes, single_pass, offload_dir = _prepare_calibration(model, config, source, spec, recipe, samples,
+                                                                writer, device, log)
+    stats: dict[str, dict[str, Any]] = {}
+    transform_log: dict[str, dict[str, Any]] = {}
+    groups_used: dict[str, QuantScheme] = {}
+    formats: dict[str, int] = {}
+    num_tokens = num_tokens_of(samples)
+    iterator: Iterable[int] = range(len(layers))
+    if progress is not None:
+        iterator = progress(iterator, len(layers))
+    try:
+        for i in iterator:
+            layer, prefix = layers[i], f"{spec.layers}.{i}."
+            materialize(layer, prefix, source, device)
+            targets = layer_targets(layer, prefix, recipe)
+            for _, s in targets.values():
+                groups_used.update({g: sc for g, sc in recipe.groups.items() if sc is s})
+            ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
+                           len(samples or []), num_tokens)
+
+            found = _run_transforms(ctx, transforms, writer.tmp)
+            if found:
+                transform_log[ctx.name] = {key: r.summary for key, r in found.items()}
+            results = quantizer.quantize_layer(ctx)
+            missing = set(targets) - set(results)
+            if missing:
+                raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
+            # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own
+            for name, (m, s) in targets.items():
+                m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
+            observed: dict[str, torch.Tensor] = {}
+            if passes is not None:
+                if not ctx.propagated:
+                    passes.run(layer, i, propagate=True, observe=targets, observed=observed)
+                else:
+                    observed = ctx.observed
+                passes.hidden.advance()
+
+            _write_layer(writer, prefix, layer, targets, results, observed, stats, formats)
+            dematerialize(layer)
+            del results, targets, ctx
+            writer.end_unit()
+            source.release()
+            gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
+    finally:
+        if offload_dir is not None:
+            shutil.rmtree(offload_dir, ignore_errors=True)
+
+    ignore = [n for n, m in model.named_modules()
+              if isinstance(m, nn.Linear) and scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None]
+    cfg = config.to_dict()
+    cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore)
+    writer.write_json("config.json", cfg)
+    quant_log: dict[str, Any] = {
+        "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": arch_name,
+        "calibration": {"num_samples": len(samples or []), "num_tokens": num_tokens},
+        "modules": stats,
+    }
+    if transform_log:
+        quant_log["transforms"] = transform_log
+    writer.write_json("quantization_log.json", quant_log)
+    writer.finalize()
+    return PipelineResult(writer.tmp, source.nbytes(), writer.total_bytes, time.time() - t0,
+                          peak_rss_bytes(), len(stats), len(layers), stats, formats)
+
+
+def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, samples, writer: ShardWriter,
+                         device: str, log) -> tuple[CalibrationPasses, bool, Path | None]:
+    """Capture every layer's calibration inputs; the embeddings are onloaded for it."""
+    layer_prefix = spec.layers + "."
+    outer = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
+    model.load_state_dict({n: source.get(n) for n in outer if n in source}, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
+    chunks = make_chunks(samples, min(batch_tokens, _batches.MICRO_BATCH_TOKENS), packed=spec.packed_calibration)
+    # the whole set in memory at once: an interleaved pass can run (LayerContext)
+    single_pass = sum(c.input_ids.numel() for c in chunks) <= batch_tokens
+    if log is not None:
+        rows = sum(c.input_ids.shape[0] for c in chunks)
+        log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
+            f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
+            f"{', all in one pass' if single_pass else ''}")
+    first, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
+    offload_dir = None
+    if recipe.calibration.offload:
+        offload_dir = Path(tempfile.mkdtemp(prefix=".quantkit-activations-", dir=writer.tmp.parent))
+    hidden = ActivationStore(first, offload_dir, device)
+    return CalibrationPasses(chunks, hidden, args_per_layer, kwargs_per_layer), single_pass, offload_dir
+
+
+def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, config, passes: CalibrationPasses | None,
+             single_pass: bool, num_samples: int, num_tokens: int) -> LayerContext:
+    if passes is None:
+        return LayerContext(i, name, layer, targets, _subgroups(spec, targets), run=_no_data,
+                            num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config)
+    ctx: LayerContext
+
+    def run(propagate: bool = False, interleaved: bool = False, batches: list[int] | None = None) -> None:
+        passes.run(layer, i, propagate=propagate, interleaved=interleaved, batches=batches,
+                   observe=ctx.targets, observed=ctx.observed if propagate else None)
+
+    ctx = LayerContext(i, name, layer, targets, _subgroups(spec, targets), run=run,
+                       num_samples=num_samples, num_tokens=num_tokens, single_pass=single_pass,
+                       arch=spec, config=config, num_batches=passes.count,
+                       tokens=passes.tokens(name), sync=passes.interleaver.sync, batch_index=passes.batch_index)
+    return ctx
+
+
+def _run_transforms(ctx: LayerContext, transforms: list[tuple[str, Transform]], out_dir: Path) -> dict[str, TransformResult]:
+    """Each transform searches (or reloads its saved result) and applies it, in the recipe's order."""
+    found: dict[str, TransformResult] = {}
+    for key, step in transforms:
+        load_from = getattr(step, "load_from", None)
+        if load_from:
+            result = record.load_result(load_from, ctx.index, ctx.name, key, f"steps[{key.split('.')[0]}].{step.name}")
+        else:
+            result = step.search(ctx)
+        step.apply(ctx, result)
+        found[key] = result
+    record.save_layer(out_dir, ctx.index, found)
+    return found
+
+
+def _write_layer(writer: ShardWriter, prefix: str, layer: nn.Module, targets, results: dict[str, QuantizedWeight],
+                 observed: dict[str, torch.Tensor], stats: dict, formats: dict) -> None:
+    """Every tensor of the layer, from the layer in memory: packed targets, everything else as it now is."""
+    written = set()
+    for name, (m, s) in targets.items():
+        r = results[name]
+        input_scale = None
+        if name in observed:
+            amax = observed[name].reshape(1)
+            input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
+        for k, t in compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale).items():
+            writer.add(f"{prefix}{name}.{k}", t)
+        written.update({f"{name}.weight", f"{name}.bias"})
+        stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
+        formats[s.format] = formats.get(s.format, 0) + 1
+    for pname, p in layer.named_parameters():
+        if pname not in written:
+            writer.add(f"{prefix}{pname}", p.data)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
