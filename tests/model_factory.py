@@ -27,6 +27,27 @@ def make_llama_dir(path: Path, num_layers: int = 2, hidden: int = 64, intermedia
     return path
 
 
+def make_outlier_llama_dir(path: Path, outliers: int, factor: float, spread: float = 0.0, seed: int = 0) -> Path:
+    """A tiny Llama whose norms make ``outliers`` input channels ``factor`` times larger.
+
+    ``spread``: every norm channel is also scaled by exp(N(0, spread)). The activation outliers
+    that AWQ and SmoothQuant exist for, planted where the float model stays well-behaved.
+    """
+    from transformers import AutoModelForCausalLM
+
+    make_llama_dir(path, num_layers=2, hidden=128, intermediate=256)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                if spread:
+                    norm.weight.mul_(torch.exp(spread * torch.randn(norm.weight.shape[0], generator=g)))
+                norm.weight[torch.randperm(norm.weight.shape[0], generator=g)[:outliers]] *= factor
+    model.save_pretrained(path)
+    return path
+
+
 def random_ids(n: int = 2, length: int = 24, vocab: int = 256, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=g).tolist()

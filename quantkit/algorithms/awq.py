@@ -1,0 +1,205 @@
+"""AWQ: activation-aware scales, then a per-group clip search (Lin et al., 2023).
+
+For each mapping (a norm or producer feeding balance linears, ``arch.SmoothMapping``):
+
+    s(r) = x̄^r / w̄^(1-r)        x̄: mean |x| per input channel over the calibration tokens
+                                 w̄: mean over output rows of |w| / max|w| of its group
+    s    = s / sqrt(max s * min s)
+    r*   = argmin_r || P(x) - P_q,s(x) ||²     over r in {0, 1/n, ..., (n-1)/n}
+
+where ``P`` is the smallest module holding the balance linears (the attention block for
+q/k/v, the MLP for gate/up, the linear itself otherwise) and ``P_q,s`` is ``P`` with each
+balance weight replaced by ``Q(W diag(s)) diag(s)^-1`` (``Q``: round-to-nearest on the
+target's grid). "Duo scaling" uses ``w̄``; without it ``s = x̄^r``. The scales fold into the
+layer (``transforms.fold_scales``): the float layer is unchanged, the quantized one keeps
+its salient channels.
+
+Then, per target linear and per group (row ``o``, group ``g``), a clip ratio ``c``
+shrinks the group's range to ``c * max|w|`` before quantization, chosen from
+``{1, 1 - max_shrink/n, ...}`` to minimise the group's output error
+``d^T G_g d`` (``d``: the group's rounding error, ``G_g``: the Gram matrix of the group's
+scaled inputs over every calibration token). llm-awq has this step; llm-compressor's
+AWQModifier leaves it out.
+
+The search returns data (``TransformResult``); ``apply`` folds the scales and clamps the
+weights. Quantization itself is the next step's (RTN or GPTQ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..arch import SmoothMapping
+from ..errors import QuantkitError
+from ..primitives import dequantize, quantize_weight
+from ..scheme import QuantArgs
+from .base import LayerContext, Transform, TransformResult, register_algorithm
+from .observe import ChannelStats, observe_layer, search_batches
+from .transforms import fold_scales, mapping_applies
+
+
+def minmax(args: QuantArgs) -> QuantArgs:
+    """The same grid with plain min-max ranges (the searches loop on RTN; the quantizer may clip)."""
+    return dataclasses.replace(args, observer="minmax", actorder=None)
+
+
+def fake_quantize_weight(w: torch.Tensor, args: QuantArgs) -> torch.Tensor:
+    q, scale, zp = quantize_weight(w, args)
+    return dequantize(q, scale, zp, args, None, w.dtype)
+
+
+def weight_salience(weights: list[torch.Tensor], args: QuantArgs) -> torch.Tensor:
+    """w̄: mean over output rows of |w| relative to its group's max, per input channel."""
+    w = torch.cat([t.float() for t in weights], dim=0)
+    g = args.group_size if args.strategy == "group" else w.shape[1]
+    wg = w.abs().view(w.shape[0], -1, g)
+    wg = wg / wg.amax(dim=-1, keepdim=True).clamp(min=1e-8)
+    return wg.view(w.shape[0], -1).mean(0)
+
+
+def candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: float) -> torch.Tensor:
+    s = x_mean.clamp(min=1e-4).pow(ratio)
+    if w_mean is not None:
+        s = s / w_mean.clamp(min=1e-4).pow(1.0 - ratio)
+    s = s.clamp(min=1e-4)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def clip_search(w: torch.Tensor, gram: torch.Tensor, args: QuantArgs, grid: int, max_shrink: float) -> torch.Tensor:
+    """Per (row, group) clip ratio minimising the group's output error ``d^T G d``; ``[out, groups]``."""
+    out, cols = w.shape
+    g = gram.shape[-1]
+    wf = w.float()
+    best_err = torch.full((out, cols // g), float("inf"))
+    best = torch.ones(out, cols // g)
+    wg = wf.view(out, -1, g)
+    hi, lo = wg.amax(-1), wg.amin(-1)
+    for i in range(int(max_shrink * grid) + 1):
+        c = 1.0 - i / grid
+        if args.symmetric:
+            bound = torch.maximum(hi.abs(), lo.abs()) * c
+            clipped = torch.maximum(torch.minimum(wg, bound[..., None]), -bound[..., None])
+        else:
+            clipped = torch.maximum(torch.minimum(wg, (hi * c)[..., None]), (lo * c)[..., None])
+        d = (wf - fake_quantize_weight(clipped.view(out, cols), args)).view(out, -1, g)   # [out, groups, g]
+        err = torch.einsum("ogj,gjk,ogk->og", d, gram, d)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, torch.full_like(best, c), best)
+    return best
+
+
+def apply_clip(w: torch.Tensor, ratios: torch.Tensor, symmetric: bool) -> torch.Tensor:
+    out, cols = w.shape
+    wg = w.float().view(out, ratios.shape[1], -1)
+    hi, lo = wg.amax(-1) * ratios, wg.amin(-1) * ratios
+    if symmetric:
+        bound = torch.maximum(hi.abs(), lo.abs())
+        hi, lo = bound, -bound
+    return torch.maximum(torch.minimum(wg, hi[..., None]), lo[..., None]).view(out, cols).to(w.dtype)
+
+
+@register_algorithm("awq")
+@dataclass
+class AWQ(Transform):
+    """Activation-aware scales per mapping and clip ranges per group (see the module docstring)."""
+
+    grid: int = 20                  # ratios searched: r = 0, 1/grid, ..., (grid-1)/grid
+    duo_scaling: bool = True        # s = x̄^r / w̄^(1-r); False: s = x̄^r
+    clip: bool = True               # the per-group clip search after the scales
+    clip_grid: int = 20
+    max_shrink: float = 0.5         # clip ratios searched down to 1 - max_shrink
+    search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
+    load_from: str | None = None    # an earlier output folder: apply its saved result, no search
+
+    def __post_init__(self) -> None:
+        if self.grid < 1 or self.clip_grid < 1:
+            raise QuantkitError("grid: must be >= 1")
+        if not 0.0 <= self.max_shrink < 1.0:
+            raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
+        if self.search_tokens < 1:
+            raise QuantkitError(f"search_tokens: must be >= 1, got {self.search_tokens}")
+
+    # -- search ------------------------------------------------------------------------------
+    def search(self, ctx: LayerContext) -> TransformResult:
+        mappings = self._mappings(ctx)
+        # clip ranges per group (a channel-wise grid would need an [in, in] Gram per linear)
+        targets = {n: s.weights for n, (_, s) in ctx.targets.items()
+                   if self.clip and s.weights is not None and s.weights.type == "int" and s.weights.strategy == "group"}
+        linears = sorted({m.balance[0] for m in mappings} | set(targets))
+        grams = {n: a.group_size for n, a in targets.items()}
+        stats, replays = observe_layer(ctx, linears, [m.parent for m in mappings],
+                                       search_batches(ctx, self.search_tokens), grams)
+        tensors: dict[str, torch.Tensor] = {}
+        summary: dict[str, dict] = {}
+        scales_of: dict[str, torch.Tensor] = {}      # per balance linear: the scales its inputs get
+        for m in mappings:
+            s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replays[m.parent])
+            tensors[f"scales.{m.smooth}"] = s
+            summary[m.smooth] = info
+            for b in m.balance:
+                scales_of[b] = s
+        for name, args in targets.items():
+            lin = ctx.targets[name][0]
+            s = scales_of.get(name)
+            w = lin.weight.data.float() if s is None else lin.weight.data.float() * s[None, :]
+            gram = stats[name].group_gram()
+            if s is not None:  # the inputs the folded weight will see: x / s
+                inv = (1.0 / s).view(gram.shape[0], -1)
+                gram = gram * inv[:, :, None] * inv[:, None, :]
+            ratios = clip_search(w, gram, minmax(args), self.clip_grid, self.max_shrink)
+            tensors[f"clip.{name}"] = ratios
+            summary.setdefault("clip_mean_ratio", {})[name] = round(float(ratios.mean()), 4)
+        return TransformResult(tensors, summary)
+
+    def _mappings(self, ctx: LayerContext) -> list[SmoothMapping]:
+        out = []
+        for m in ctx.arch.smooth_mappings:
+            if not all(b in ctx.targets and ctx.targets[b][1].weights is not None
+                       and ctx.targets[b][1].weights.type == "int" for b in m.balance):
+                continue
+            if mapping_applies(ctx.layer, m, ctx.config):
+                out.append(m)
+        return out
+
+    def _search_mapping(self, ctx: LayerContext, m: SmoothMapping, st: ChannelStats, replay) -> tuple[torch.Tensor, dict]:
+        lins: list[nn.Linear] = [ctx.targets[b][0] for b in m.balance]
+        args = [minmax(ctx.targets[b][1].weights) for b in m.balance]
+        originals = [lin.weight.data.clone() for lin in lins]
+        x_mean = st.abs_mean
+        w_mean = weight_salience(originals, args[0]) if self.duo_scaling else None
+
+        def loss_with(s: torch.Tensor) -> float:
+            for lin, w, a in zip(lins, originals, args):
+                lin.weight.data = (fake_quantize_weight(w.float() * s[None, :], a) / s[None, :]).to(w.dtype)
+            return replay.loss()
+
+        try:
+            plain = loss_with(torch.ones_like(x_mean))
+            best_loss, best_ratio, best = float("inf"), 0.0, torch.ones_like(x_mean)
+            for i in range(self.grid):
+                r = i / self.grid
+                s = candidate_scales(x_mean, w_mean, r)
+                loss = loss_with(s)
+                if loss < best_loss:
+                    best_loss, best_ratio, best = loss, r, s
+        finally:
+            for lin, w in zip(lins, originals):
+                lin.weight.data = w
+        return best, {"ratio": best_ratio, "loss_rtn": plain, "loss_awq": best_loss, "tokens": replay.num_tokens}
+
+    # -- apply -------------------------------------------------------------------------------
+    def apply(self, ctx: LayerContext, result: TransformResult) -> None:
+        for m in ctx.arch.smooth_mappings:
+            s = result.tensors.get(f"scales.{m.smooth}")
+            if s is not None:
+                fold_scales(ctx.layer, m, s, ctx.config, ctx.arch.norm_weight_offset)
+        for name, (lin, scheme) in ctx.targets.items():
+            ratios = result.tensors.get(f"clip.{name}")
+            if ratios is not None:
+                with torch.no_grad():
+                    lin.weight.data = apply_clip(lin.weight.data, ratios, scheme.weights.symmetric)

@@ -1,0 +1,117 @@
+"""AWQ: the clip search's Gram form equals the brute-force output error; AWQ beats RTN where
+activations have salient channels; a saved result re-applies to the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+
+import quantkit
+from quantkit.algorithms.awq import apply_clip, candidate_scales, clip_search, fake_quantize_weight
+from quantkit.scheme import QuantArgs
+
+from model_factory import make_outlier_llama_dir, random_ids
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_clip_search_minimises_each_groups_output_error(symmetric):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(6, 48, generator=g)
+    x = torch.randn(300, 48, generator=g) * torch.linspace(0.2, 3.0, 48)
+    args = QuantArgs(num_bits=3, group_size=16, symmetric=symmetric)
+    gram = torch.stack([x[:, k:k + 16].T @ x[:, k:k + 16] for k in range(0, 48, 16)]) / x.shape[0]
+    ratios = clip_search(w, gram, args, grid=10, max_shrink=0.5)
+    candidates = [1.0 - i / 10 for i in range(6)]
+    for o in range(6):
+        for grp in range(3):
+            cols = slice(16 * grp, 16 * grp + 16)
+
+            def err(c):   # the definition: mean squared output error of this group's slice
+                r = torch.ones(6, 3)
+                r[o, grp] = c
+                d = w - fake_quantize_weight(apply_clip(w, r, symmetric), args)
+                return float(((x[:, cols] @ d[o, cols]) ** 2).mean())
+
+            errors = [err(c) for c in candidates]
+            assert err(float(ratios[o, grp])) <= min(errors) * (1 + 1e-5)
+    assert float(ratios.min()) < 1.0   # some group is clipped: the search is not a no-op here
+
+
+def test_candidate_scales_are_normalised_and_follow_the_ratio():
+    x_mean = torch.tensor([0.1, 1.0, 10.0])
+    s0, s1 = candidate_scales(x_mean, None, 0.0), candidate_scales(x_mean, None, 1.0)
+    assert torch.allclose(s0, torch.ones(3))
+    assert torch.allclose(s1.max() * s1.min(), torch.tensor(1.0)) and s1.argmax() == 2
+
+
+@pytest.fixture(scope="module")
+def salient_llama(tmp_path_factory):
+    """A tiny Llama whose norms make a few input channels much larger: AWQ's case."""
+    return make_outlier_llama_dir(tmp_path_factory.mktemp("salient") / "llama", outliers=6, factor=12.0,
+                                  spread=1.0, seed=3)
+
+
+def _block_errors(src, out) -> float:
+    """Relative output error of every attention block and MLP, fed the float model's hidden states.
+
+    On held-out tokens. Block by block, not end to end: a random model is chaotic (any error
+    grows to the same size by the last layer), so only what each searched module computes
+    tells the methods apart.
+    """
+    ref = AutoModelForCausalLM.from_pretrained(src).eval()
+    cand = quantkit.load(out, backend="torch").eval()
+    ids = torch.tensor(random_ids(4, 48, seed=11))
+    err = sig = 0.0
+    with torch.no_grad():
+        hidden = ref(ids, output_hidden_states=True).hidden_states
+        pos = ref.model.rotary_emb(hidden[0], torch.arange(ids.shape[1])[None].expand(ids.shape[0], -1))
+        for i, (r, c) in enumerate(zip(ref.model.layers, cand.model.layers)):
+            x = hidden[i]
+            a = r.self_attn(r.input_layernorm(x), position_embeddings=pos, attention_mask=None)[0]
+            b = c.self_attn(c.input_layernorm(x), position_embeddings=pos, attention_mask=None)[0]
+            m, n = r.mlp(r.post_attention_layernorm(x)), c.mlp(c.post_attention_layernorm(x))
+            err += float((a - b).pow(2).sum() / a.pow(2).sum() + (m - n).pow(2).sum() / m.pow(2).sum())
+            sig += 2
+    return err / sig
+
+
+def test_awq_beats_rtn_and_clip_helps(salient_llama, tmp_path):
+    calib = random_ids(16, 64, seed=1)
+    errors = {}
+    for label, steps in {"rtn": ["rtn"], "noclip": [{"awq": {"clip": False}}, "rtn"], "awq": ["awq", "rtn"]}.items():
+        q = quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32, "steps": steps}, calibration=calib)
+        errors[label] = _block_errors(salient_llama, q.save(tmp_path / label))
+    assert errors["noclip"] < 0.8 * errors["rtn"], errors
+    assert errors["awq"] < 0.95 * errors["noclip"], errors
+
+
+def test_saved_result_reapplies_to_the_same_checkpoint(salient_llama, tmp_path):
+    calib = random_ids(16, 64, seed=1)
+    first = quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32, "steps": ["awq", "rtn"]},
+                              calibration=calib).save(tmp_path / "first")
+    log = json.loads((first / "quantization_log.json").read_text())
+    layer0 = log["transforms"]["model.layers.0"]["0.awq"]
+    assert 0.0 <= layer0["input_layernorm"]["ratio"] < 1.0
+    assert layer0["input_layernorm"]["loss_awq"] <= layer0["input_layernorm"]["loss_rtn"]
+    # other calibration data: only the saved result can make the checkpoint identical
+    again = quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32,
+                                              "steps": [{"awq": {"load_from": str(first)}}, "rtn"]},
+                              calibration=random_ids(16, 64, seed=2)).save(tmp_path / "again")
+    with safe_open(first / "model.safetensors", "pt") as a, safe_open(again / "model.safetensors", "pt") as b:
+        assert set(a.keys()) == set(b.keys())
+        for k in a.keys():
+            assert torch.equal(a.get_tensor(k), b.get_tensor(k)), k
+    assert json.loads((again / "quantization_log.json").read_text())["transforms"] == log["transforms"]
+
+
+def test_load_from_a_folder_without_transforms_is_one_line(salient_llama, tmp_path):
+    from quantkit.errors import QuantkitError
+
+    with pytest.raises(QuantkitError, match="load_from: .* holds no saved transforms"):
+        quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32,
+                                          "steps": [{"awq": {"load_from": str(tmp_path)}}, "rtn"]},
+                          calibration=random_ids(4, 32))
