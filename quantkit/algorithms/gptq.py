@@ -36,7 +36,7 @@ from torch import nn
 from ..errors import QuantkitError
 from ..primitives import quantize_weight as rtn_quantize_weight
 from ..primitives import dequantize, weight_qparams
-from ..scheme import QuantArgs, QuantScheme
+from ..scheme import QuantArgs
 from .base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
 #: Precision of Hessians and of the solve, whatever the model's dtype.
