@@ -63,7 +63,7 @@ def convert(
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
-        typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, algorithm {r.algorithm}]", err=True)
+        typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]", err=True)
         q = quantize(model, r, calib, workdir=out.parent, device=device, progress=_progress,
                      log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
@@ -100,7 +100,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
-    typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, algorithm {info['algorithm']}")
+    typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, steps {' -> '.join(info['steps']) or '?'}")
     for name, g in info["config_groups"].items():
         w, a = g["weights"], g["input_activations"]
         wdesc = f"{w['type']}{w['num_bits']} {w['strategy']}" + (f" g{w['group_size']}" if w["group_size"] else "") + ("" if w["symmetric"] else " asym") if w else "-"

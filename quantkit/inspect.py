@@ -60,8 +60,16 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "modules_by_format": dict(formats),
         "modules": per_module,
         "backend": {"cpu": select_backend("cpu"), "cuda": select_backend("cuda")},
-        "algorithm": (log.get("recipe") or {}).get("algorithm"),
+        "steps": _step_names(log.get("recipe") or {}),
     }
+
+
+def _step_names(recipe: dict) -> list[str]:
+    """The layer steps a checkpoint was made with (logs before ``steps`` name one ``algorithm``)."""
+    if "steps" in recipe:
+        return [next(iter(s)) if isinstance(s, dict) else str(s) for s in recipe["steps"]]
+    algo = recipe.get("algorithm")
+    return [algo.get("name") if isinstance(algo, dict) else algo] if algo else []
 
 
 def _tensor_sizes(source: SafetensorsSource) -> dict[str, int]:

@@ -97,7 +97,8 @@ def test_convert_inspect_and_overwrite(model_copy, tmp_path):
     assert "smaller" in res.stdout and (out / "model.safetensors").exists()
     info = json.loads(run_cli("inspect", out, "--json").stdout)
     assert info["format"] == "int-quantized" and info["modules_by_format"] == {"int-quantized": 14}
-    assert info["backend"]["cpu"] == "torch"
+    assert info["backend"]["cpu"] == "torch" and info["steps"] == ["rtn"]
+    assert "steps rtn" in run_cli("inspect", out).stdout
     res = run_cli("convert", model_copy, "--recipe", "w8a16", "--out", out, "--overwrite", "--no-eval")
     assert res.returncode == 0, res.stderr
     assert json.loads((out / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
