@@ -37,6 +37,7 @@ class EvalResult:
     languages: dict[str, str | None] = field(default_factory=dict)   # slice -> language
     gate: LanguageGate = field(default_factory=LanguageGate)
     lm_eval: dict[str, dict] = field(default_factory=dict)            # task -> metric -> base/cand/drop
+    integrity: dict | None = None                                     # integrity.IntegrityReport.to_dict()
 
     @property
     def decision(self) -> str:
@@ -131,14 +132,17 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
              show_samples: bool = False, footprint: dict | None = None,
              module_errors: dict[str, float] | None = None, progress: bool = True,
              meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
-             lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None) -> EvalResult:
+             lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None,
+             integrity=None) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
 
     ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
     None, the ``language:`` of the model card (README.md) in the folder the baseline was
     loaded from, else every language (see languages.py). ``lm_eval_tasks`` also runs those
     local lm-eval tasks on both models; their accuracy drop enters the verdict as
-    ``lm_eval_acc_drop`` on a slice ``lm-eval:<task>``.
+    ``lm_eval_acc_drop`` on a slice ``lm-eval:<task>``. ``integrity`` (an
+    ``integrity.IntegrityReport`` of the candidate's files) adds each module or tensor it
+    flags as a slice ``integrity:<name>`` that always gates.
 
     >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
     >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
@@ -179,6 +183,8 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
         lm = compare_lm_eval(baseline, candidate, tokenizer, list(lm_eval_tasks), limit=lm_eval_limit)
         measures.update(lm_eval_measures(lm))
         seconds["lm-eval"], cpu["lm-eval"] = time.perf_counter() - ts, time.process_time() - cs
+    if integrity is not None:
+        measures.update(flagged_measures(integrity, th))
     langs = {s.name: s.language for s in slices}
     verdict = decide(measures, th, {s.name: gate.why_not() for s in slices
                                     if not gate.gates(s.language, s.public)})
@@ -189,4 +195,21 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
             "languages": gate.to_dict(), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
-                      {s.name: s.public for s in slices}, langs, gate, lm)
+                      {s.name: s.public for s in slices}, langs, gate, lm,
+                      None if integrity is None else integrity.to_dict())
+
+
+def flagged_measures(integrity, thresholds: Thresholds) -> dict[str, dict]:
+    """The integrity measures of the modules and tensors past a limit (the others stay out of the verdict)."""
+    return {name: values for name, values in integrity.measures().items()
+            if any(lim.level(values[m]) != GO for m, lim in thresholds.for_slice(name).items() if m in values)}
+
+
+def integrity_only(integrity, thresholds: dict | Thresholds | None = None, meta: dict | None = None) -> EvalResult:
+    """The result for a checkpoint that cannot be served (a tensor missing, a wrong shape or dtype):
+    the integrity findings alone decide; no slice is measured."""
+    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
+    verdict = decide(flagged_measures(integrity, th), th)
+    info = {"max_len": None, "suite": [], "seconds_total": integrity.seconds,
+            "slices_skipped": "the checkpoint cannot be served (see integrity): no slice was measured", **(meta or {})}
+    return EvalResult(info, {}, {}, {}, verdict, th, integrity=integrity.to_dict())

@@ -33,8 +33,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
 
     The languages that gate: ``languages`` (``--languages``), else the section's
     ``languages``, else the baseline folder's model card, else all (languages.py)."""
-    from .api import evaluate
-    from .checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
+    from .api import evaluate, integrity_only
+    from .checkpoint import is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
+    from .integrity import check_checkpoint
     from .languages import language_gate
     from .plan import plan
     from .section import check_eval_section, suite_options
@@ -49,15 +50,21 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     gate = (language_gate(languages, base_dir) if languages else
             language_gate(section.get("languages"), base_dir, explicit_source="eval.languages"))
     tok = load_tokenizer(cand_dir, base_dir)
+    meta = {"baseline": str(base_dir), "candidate": str(cand_dir)}
+    # the candidate's files first: a checkpoint that cannot be served is judged on them alone
+    integrity = check_checkpoint(base_dir, cand_dir) if is_quantized(cand_dir) else None
+    if integrity is not None:
+        meta["integrity_seconds"] = integrity.seconds
+        if integrity.unloadable:
+            return integrity_only(integrity, section.get("thresholds"), {"max_len": max_len, **meta})
     base = load_model(base_dir, device)
     cand = load_model(cand_dir, device)
     fp = _footprint(base_dir, cand_dir, gpu_mem, max_len, plan)
     result = evaluate(base, cand, tok, suite=suite, max_len=max_len,
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
-                      module_errors=module_errors(cand_dir), progress=progress,
-                      meta={"baseline": str(base_dir), "candidate": str(cand_dir)}, languages=gate,
-                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit)
+                      module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
+                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity)
     return result
 
 
@@ -86,7 +93,23 @@ def evaluate_checkpoint(model, path: Path, recipe) -> Path:
     result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}))
     out = result.save(Path(path) / "eval")
     typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
+    for line in integrity_lines(result):
+        typer.echo(f"  {line}")
     return out
+
+
+def integrity_lines(result, most: int = 10) -> list[str]:
+    """One line for the integrity pass, then one per flagged module or tensor (its problems or figures)."""
+    from .integrity import flagged_rows
+
+    data = result.integrity
+    if data is None:
+        return []
+    rows = flagged_rows(data, result.verdict.slices)
+    lines = [f"integrity: {len(data['modules'])} quantized modules checked against the baseline in "
+             f"{data['seconds']:.1f} s; {len(rows)} flagged"]
+    lines += [f"  {r['level']} {r['name']}: {r['summary']}" for r in rows[:most]]
+    return lines
 
 
 def eval_command(
@@ -116,6 +139,8 @@ def eval_command(
     typer.echo(f"{result.decision}: {path / 'report.html'}")
     for r in result.verdict.reasons[:10]:
         typer.echo(f"  {r.level}: {r.text()}")
+    for line in integrity_lines(result):
+        typer.echo(f"  {line}")
     for r in result.verdict.informational[:10]:
         typer.echo(f"  (information, {result.verdict.not_gated[r.slice]}) {r.level}: {r.text()}")
 

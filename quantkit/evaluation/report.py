@@ -57,8 +57,43 @@ def to_json(result) -> dict:
         "worst_examples": result.examples,
         "footprint": result.footprint,
         "module_errors": result.module_errors,
+        "integrity": _integrity(result),
         "thresholds": result.thresholds.to_dict(),
     })
+
+
+def _integrity(result) -> dict | None:
+    if result.integrity is None:
+        return None
+    from .integrity import flagged_rows
+    return {**result.integrity, "flagged": flagged_rows(result.integrity, result.verdict.slices)}
+
+
+def integrity_grid(data: dict) -> tuple[list[str], list[str], list[list[float | None]], list[list[float | None]]]:
+    """The heat map's data: layers, module kinds, and per cell the module's SQNR and its worst
+    part's excess over expected (dB; the worst of a kind's modules when several share a cell, e.g. experts)."""
+    from .integrity.reference import unit_of
+
+    cells: dict[tuple[str, str], tuple[float, float]] = {}
+    layers: list[str] = []
+    kinds: list[str] = []
+    for name, m in data["modules"].items():
+        if "sqnr_db" not in m:
+            continue
+        unit = unit_of(name + ".")
+        kind = re.sub(r"\.\d+\.", ".*.", name[len(unit) + 1:] if unit else name)
+        layers += [] if unit in layers else [unit]
+        kinds += [] if kind in kinds else [kind]
+        excess = max(m["recon_excess_db"], m["recon_unit_excess_db"])
+        old = cells.get((unit, kind))
+        cells[(unit, kind)] = (m["sqnr_db"], excess) if old is None else (min(old[0], m["sqnr_db"]), max(old[1], excess))
+    sqnr = [[cells.get((u, k), (None, None))[0] for k in kinds] for u in layers]
+    excess = [[cells.get((u, k), (None, None))[1] for k in kinds] for u in layers]
+    return layers, kinds, sqnr, excess
+
+
+def _layer_label(unit: str) -> str:
+    return unit.rpartition(".")[2] if unit else "(outer)"
 
 
 # --- plots --------------------------------------------------------------------------------
@@ -132,7 +167,39 @@ def plots(data: dict) -> dict[str, str]:
         ax.set_ylabel("SQNR, dB (lower = more error)")
         ax.set_title("per-module quantization error (as recorded by the algorithm)")
         out["modules"] = _png(fig)
+    if data.get("integrity") and data["integrity"]["modules"]:
+        out.update(_integrity_heat_map(data["integrity"], plt))
     return out
+
+
+def _integrity_heat_map(integrity: dict, plt) -> dict[str, str]:
+    import numpy as np
+
+    layers, kinds, sqnr, excess = integrity_grid(integrity)
+    if not layers:
+        return {}
+    fig, axes = plt.subplots(1, 2, figsize=(12, max(2.5, 0.22 * len(layers) + 1.6)))
+    panels = ((sqnr, "SQNR vs the baseline, dB", "viridis", None, None),
+              (excess, "worst part's excess over expected, dB (> 0: flagged)", "RdYlGn_r", -15, 15))
+    for ax, (grid, title, cmap, lo, hi) in zip(axes, panels):
+        a = np.array([[np.nan if v is None else v for v in row] for row in grid], dtype=float)
+        im = ax.imshow(a, aspect="auto", cmap=cmap, vmin=lo, vmax=hi, interpolation="nearest")
+        ax.set_xticks(range(len(kinds)), [k.rpartition(".")[2] if "*" not in k else k for k in kinds],
+                      rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(layers)), [_layer_label(u) for u in layers], fontsize=7)
+        ax.set_ylabel("layer")
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    flagged = {(f["name"]) for f in integrity.get("flagged", []) if f["kind"] == "module"}
+    for name in flagged:
+        from .integrity.reference import unit_of
+        unit = unit_of(name + ".")
+        kind = re.sub(r"\.\d+\.", ".*.", name[len(unit) + 1:] if unit else name)
+        if unit in layers and kind in kinds:
+            for ax in axes:
+                ax.add_patch(plt.Rectangle((kinds.index(kind) - 0.5, layers.index(unit) - 0.5), 1, 1,
+                                           fill=False, edgecolor="black", linewidth=2))
+    return {"integrity": _png(fig)}
 
 
 # --- Markdown -----------------------------------------------------------------------------
@@ -170,6 +237,8 @@ def markdown(data: dict) -> str:
     m = data["meta"]
     lines += [f"Baseline `{m.get('baseline', '?')}`, candidate `{m.get('candidate', '?')}`, "
               f"max length {m['max_len']}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
+    if m.get("slices_skipped"):
+        lines += [f"**{m['slices_skipped']}**", ""]
     if v["reasons"]:
         lines += ["## Reasons", ""] + [f"- **{r['level']}** {r['text']}" for r in v["reasons"]] + [""]
     if v.get("informational"):
@@ -203,12 +272,44 @@ def markdown(data: dict) -> str:
                 lines.append("- " + "; ".join(f"{k}: {fmt(val)!r}" if isinstance(val, str) else f"{k}: {fmt(val)}"
                                              for k, val in ex.items()))
             lines.append("")
+    if data.get("integrity"):
+        lines += _integrity_markdown(data["integrity"])
     lines += ["## Thresholds", "", "| measure | REVIEW past | NO-GO past | better |", "|---|---|---|---|"]
     for k, t in data["thresholds"].items():
         if k != "slices":
             lines.append(f"| {k} | {fmt(t['review'])} | {fmt(t['nogo'])} | "
                          f"{'higher' if t['higher_is_better'] else 'lower'} |")
     return "\n".join(lines) + "\n"
+
+
+def integrity_text(integrity: dict) -> str:
+    """One sentence: what the integrity pass compared, in how long, and how much it flagged."""
+    n = len(integrity["modules"])
+    how = (f", the recorded transforms re-applied on {len(integrity['transformed'])} layers"
+           if integrity["transformed"] else "")
+    return (f"{n} quantized modules decoded from the candidate's files (the tensors that serve) and compared "
+            f"with the baseline's weights{how}; every other tensor compared with the baseline; "
+            f"{fmt(integrity['seconds'])} s. {len(integrity['flagged'])} flagged.")
+
+
+def _integrity_markdown(integrity: dict) -> list[str]:
+    lines = ["## Checkpoint integrity", "", integrity_text(integrity), ""]
+    if integrity["flagged"]:
+        lines += ["| module or tensor | level | finding |", "|---|---|---|"]
+        lines += [f"| {f['name']} | {f['level']} | {f['summary']} |" for f in integrity["flagged"]] + [""]
+    if integrity["fallback"]:
+        lines += ["Checked from the checkpoint alone (layout, finite positive scales, codes on the grid; "
+                  "no reference to compare with):", ""]
+        lines += [f"- {unit}: {why}" for unit, why in integrity["fallback"].items()] + [""]
+    layers, kinds, _, excess = integrity_grid(integrity)
+    if layers:
+        lines += ["Worst part's excess over expected error, dB (> 0 is flagged), layer x module kind:", "",
+                  "| layer | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        lines += [f"| {_layer_label(u)} | " + " | ".join(fmt(v) for v in row) + " |" for u, row in zip(layers, excess)]
+        lines.append("")
+    if integrity["notes"]:
+        lines += [f"- note: {n}" for n in integrity["notes"][:10]] + [""]
+    return lines
 
 
 # --- HTML ---------------------------------------------------------------------------------
@@ -231,6 +332,8 @@ def render_html(data: dict, images: dict[str, str]) -> str:
              f"<code>{e(str(data['meta'].get('candidate', '?')))}</code>, max length "
              f"<span data-path='meta.max_len'>{data['meta']['max_len']}</span>.</p>",
              f"<p id='gating'>{e(gating_text(data))}</p>"]
+    if data["meta"].get("slices_skipped"):
+        parts.append(f"<p id='slices_skipped'><b>{e(data['meta']['slices_skipped'])}</b></p>")
     for key, title in (("reasons", "Reasons"), ("informational", "Not gated (information only)")):
         if not v.get(key):
             continue
@@ -276,6 +379,8 @@ def render_html(data: dict, images: dict[str, str]) -> str:
     if "modules" in images:
         parts.append(f"<h2>Per-module quantization error</h2><img alt='per-module error' "
                      f"src='data:image/png;base64,{images['modules']}'>")
+    if data.get("integrity"):
+        parts += _integrity_html(data["integrity"], images)
     if data.get("footprint"):
         parts.append("<h2>Deployment footprint</h2><table id='footprint'>")
         parts += [f"<tr><th>{e(k)}</th>{_cell(val, f'footprint.{k}')}</tr>" for k, val in data["footprint"].items()]
@@ -294,6 +399,31 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                          f"{_cell(t['nogo'], f'thresholds.{k}.nogo')}</tr>")
     parts.append("</table></body></html>")
     return "\n".join(parts)
+
+
+INTEGRITY_COLUMNS = ("sqnr_db", "expected_sqnr_db", "recon_excess_db", "recon_unit_excess_db", "gain",
+                     "tensor_rel_error")
+
+
+def _integrity_html(integrity: dict, images: dict[str, str]) -> list[str]:
+    e = html.escape
+    parts = [f"<h2>Checkpoint integrity</h2><p id='integrity'>{e(integrity_text(integrity))}</p>"]
+    if integrity["flagged"]:
+        parts.append("<table id='integrity_flagged'><tr><th>module or tensor</th><th>level</th>"
+                     + "".join(f"<th>{e(c)}</th>" for c in INTEGRITY_COLUMNS) + "<th>finding</th></tr>")
+        for i, f in enumerate(integrity["flagged"]):
+            parts.append(f"<tr><td>{e(f['name'])}</td><td class='{e(f['level'])}'>{e(f['level'])}</td>"
+                         + "".join(_cell(f.get(c), f"integrity.flagged.{i}.{c}") for c in INTEGRITY_COLUMNS)
+                         + f"<td>{e(f['summary'])}</td></tr>")
+        parts.append("</table>")
+    if integrity["fallback"]:
+        parts.append("<p>Checked from the checkpoint alone (layout, finite positive scales, codes on the grid; "
+                     "no reference to compare with):</p><ul>")
+        parts += [f"<li>{e(unit)}: {e(why)}</li>" for unit, why in integrity["fallback"].items()]
+        parts.append("</ul>")
+    if "integrity" in images:
+        parts.append(f"<img alt='integrity heat map' src='data:image/png;base64,{images['integrity']}'>")
+    return parts
 
 
 def save(result, out_dir: Path) -> Path:

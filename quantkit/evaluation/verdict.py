@@ -44,6 +44,24 @@ not more; the NO-GO limits are unchanged but for ppl_increase. On Chinese text t
 English-only model breaks more easily (FP8_DYNAMIC: numbers-zh KL 0.081, greedy agreement
 0.05): those slices are measured and shown but gate only when asked (languages.py).
 
+The checkpoint's integrity (``integrity/``: every quantized module decoded from the
+candidate's files and compared with the baseline) adds one pseudo-slice per flagged module or
+tensor, ``integrity:<name>``, which always gates:
+
+| measure              | REVIEW past | NO-GO past | what it is                                          |
+|----------------------|-------------|------------|-----------------------------------------------------|
+| recon_excess_db      | 0           | 6          | module error over what its scheme and quantizer     |
+| recon_unit_excess_db | 0           | 6          | should give (dB; the allowance is in the expected   |
+|                      |             |            | error), whole module / worst channel or group       |
+| recon_gain_error     | 0.10        | 0.30       | abs(<Ŵ, W> / <W, W> - 1): a scale off by a constant |
+| tensor_problems      | 0           | 0          | missing tensor, wrong shape or dtype, scales zero / |
+|                      |             |            | NaN / inf, codes off the grid: any one is NO-GO     |
+| tensor_rel_error     | 0.005       | 0.05       | an unquantized tensor (norm, embedding, ignored     |
+|                      |             |            | module, bias) vs the baseline, relative L2          |
+
+The allowances in the expected error and the measurements behind them are in ``integrity/figures.py``;
+REVIEW at 0 dB means "worse than the worst clean part measured, with a 3 dB margin" for GPTQ.
+
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 
     thresholds:
@@ -88,6 +106,11 @@ DEFAULT_LIMITS: dict[str, Limit] = {
     "extract_f1_drop": Limit(0.05, 0.15, False),
     "code_pass_drop": Limit(0.07, 0.20, False),
     "lm_eval_acc_drop": Limit(0.05, 0.15, False),
+    "recon_excess_db": Limit(0.0, 6.0, False),
+    "recon_unit_excess_db": Limit(0.0, 6.0, False),
+    "recon_gain_error": Limit(0.10, 0.30, False),
+    "tensor_problems": Limit(0.0, 0.0, False),
+    "tensor_rel_error": Limit(0.005, 0.05, False),
 }
 
 

@@ -41,7 +41,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
     if g_idx is not None:
         if args.actorder != "group":
             raise ValueError("g_idx is stored only for actorder 'group'")
-        out["weight_g_idx"] = g_idx.to(torch.int32).contiguous()
+        # the linears of one stacked GPTQ solve share their g_idx: safetensors refuses shared storage
+        out["weight_g_idx"] = g_idx.to(torch.int32, copy=True).contiguous()
     if bias is not None:
         out["bias"] = bias.contiguous()
     if input_scale is not None:

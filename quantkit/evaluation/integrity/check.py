@@ -1,0 +1,376 @@
+"""The integrity pass: every tensor of a quantized checkpoint against the baseline, streamed unit by unit.
+
+For each module that ``config.json``'s ``quantization_config`` says is quantized:
+
+- **layout**: the tensors its format stores, with the shapes and dtypes ``compress_module``
+  writes (derived by running it on meta tensors, so the format is described once);
+- **values**: scales and static input scales finite and positive, codes on the grid (int
+  codes in ``[qmin, qmax]``, FP8 codes not NaN), zero points on the grid, ``g_idx`` a valid
+  group assignment;
+- **reconstruction** (``figures.py``): the weight decoded from those tensors, as served,
+  against the reference (``reference.py``: the baseline, recorded transforms re-applied).
+
+Every other tensor (norms, embeddings, ``ignore`` modules, biases) must equal its reference;
+KV-cache scales (``k_scale``, ``v_scale``), when present, finite and positive. The baseline
+and the candidate are read one streaming unit (a decoder layer) at a time through lazy
+safetensors readers, so memory holds one layer of each.
+
+The result is plain data (``IntegrityReport``): per-module figures, the problems found,
+and the measures the verdict gates on (``verdict.DEFAULT_LIMITS``: ``recon_excess_db``,
+``recon_unit_excess_db``, ``tensor_problems``, ``tensor_rel_error``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ...errors import QuantkitError
+from ...formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_codes
+from ...primitives import FP8_DTYPE, dequantize
+from ...scheme import QuantScheme
+from ...source import SafetensorsSource
+from .figures import EXCESS_CAP_DB, reconstruction
+from .reference import Reference, read_log, unit_of
+
+KV_SCALES = ("k_scale", "v_scale")
+_SAME_MODEL = ("architectures", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
+
+
+@dataclass
+class IntegrityReport:
+    """What the pass found; ``to_dict()`` is the report's ``integrity`` section."""
+
+    modules: dict[str, dict] = field(default_factory=dict)     # quantized module -> figures, problems
+    tensors: dict[str, dict] = field(default_factory=dict)     # other tensors that differ or are missing
+    fallback: dict[str, str] = field(default_factory=dict)     # unit -> why it was checked without reference
+    transformed: list[str] = field(default_factory=list)       # units compared with transforms re-applied
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def unloadable(self) -> bool:
+        """A layout problem (missing tensor, wrong shape or dtype): the checkpoint cannot be served."""
+        return any(p["layout"] for d in (*self.modules.values(), *self.tensors.values()) for p in d["problems"])
+
+    def measures(self) -> dict[str, dict[str, float]]:
+        """``{"integrity:<name>": {measure: value}}`` for the verdict."""
+        out: dict[str, dict[str, float]] = {}
+        for name, m in {**self.modules, **self.tensors}.items():
+            v = {"tensor_problems": float(len(m["problems"]))}
+            for k in ("recon_excess_db", "recon_unit_excess_db", "recon_gain_error", "tensor_rel_error"):
+                if m.get(k) is not None:
+                    v[k] = m[k]
+            out[f"integrity:{name}"] = v
+        return out
+
+    def to_dict(self) -> dict:
+        return {"modules": self.modules, "tensors": self.tensors, "fallback": self.fallback,
+                "transformed": self.transformed, "notes": self.notes, "seconds": self.seconds}
+
+
+def _problem(text: str, layout: bool = False) -> dict:
+    return {"text": text, "layout": layout}
+
+
+def _read_config(folder: Path) -> dict:
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise QuantkitError(f"{path}: cannot read ({type(e).__name__})") from None
+
+
+def _check_same_model(base: dict, cand: dict, base_dir: Path, cand_dir: Path) -> None:
+    for key in _SAME_MODEL:
+        if base.get(key) != cand.get(key):
+            raise QuantkitError(f"{cand_dir / 'config.json'}: {key} {cand.get(key)!r} differs from the baseline's "
+                                f"{base.get(key)!r} ({base_dir / 'config.json'}): not a conversion of this baseline")
+
+
+# -- one quantized module ------------------------------------------------------------------------
+def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
+                    scale_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Tensor name -> (shape, dtype) that ``compress_module`` writes for this module."""
+    a = scheme.weights
+    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1))}[a.strategy]
+    meta = "meta"
+    q = torch.empty(out, cols, dtype=FP8_DTYPE if a.type == "float" else torch.int8, device=meta)
+    acts = scheme.input_activations
+    written = compress_module(
+        q, torch.empty(shape, dtype=scale_dtype, device=meta),
+        None if a.symmetric else torch.empty(shape, dtype=torch.int8, device=meta),
+        torch.empty(cols, dtype=torch.int32, device=meta) if a.actorder == "group" else None, scheme,
+        torch.empty(out, dtype=scale_dtype, device=meta) if bias else None,
+        torch.empty(1, dtype=scale_dtype, device=meta) if acts is not None and not acts.dynamic else None)
+    return {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
+
+
+def _layout_problems(tensors: dict[str, torch.Tensor], layout: dict) -> list[dict]:
+    problems = []
+    for k, (shape, dtype) in layout.items():
+        t = tensors.get(k)
+        if t is None:
+            problems.append(_problem(f"{k} missing", layout=True))
+        elif tuple(t.shape) != shape:
+            problems.append(_problem(f"{k}: shape {list(t.shape)}, expected {list(shape)}", layout=True))
+        elif dtype.is_floating_point and k != "weight" and not t.dtype.is_floating_point:
+            problems.append(_problem(f"{k}: dtype {t.dtype}, expected a floating-point type", layout=True))
+        elif (k == "weight" or not dtype.is_floating_point) and t.dtype != dtype:
+            problems.append(_problem(f"{k}: dtype {t.dtype}, expected {dtype}", layout=True))
+    return problems
+
+
+def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
+    t = t.float()
+    bad = int((~torch.isfinite(t)).sum())
+    out = [_problem(f"{name}: {bad} of {t.numel()} values not finite")] if bad else []
+    low = int((torch.isfinite(t) & (t <= 0)).sum())
+    if low:
+        out.append(_problem(f"{name}: {low} of {t.numel()} values zero or negative"))
+    return out
+
+
+def _value_problems(tensors: dict[str, torch.Tensor], scheme: QuantScheme, codes: torch.Tensor,
+                    zp: torch.Tensor | None, cols: int) -> list[dict]:
+    a = scheme.weights
+    problems = _positive_finite("weight_scale", tensors["weight_scale"])
+    if "input_scale" in tensors:
+        problems += _positive_finite("input_scale", tensors["input_scale"])
+    if a.type == "float":
+        bad = int((~torch.isfinite(codes.float())).sum())
+        if bad:
+            problems.append(_problem(f"weight: {bad} codes are NaN (off the FP8 grid)"))
+    else:
+        for what, t in (("codes", codes), ("zero points", zp)):
+            if t is not None and t.numel() and (int(t.min()) < a.qmin or int(t.max()) > a.qmax):
+                problems.append(_problem(f"{what} outside [{a.qmin}, {a.qmax}]: {int(t.min())}..{int(t.max())}"))
+    g_idx = tensors.get("weight_g_idx")
+    if g_idx is not None:
+        n_groups = cols // a.group_size
+        counts = torch.bincount(g_idx.long().clamp(0, n_groups), minlength=n_groups + 1)
+        if int(g_idx.min()) < 0 or int(g_idx.max()) >= n_groups or bool((counts[:n_groups] != a.group_size).any()):
+            problems.append(_problem(f"weight_g_idx: not {n_groups} groups of {a.group_size} columns"))
+    return problems
+
+
+def rel_error(cand: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 22) -> float:
+    """||cand - ref|| / ||ref||: 0 when equal, ``EXCESS_CAP_DB`` when not finite or ``ref`` is zero.
+
+    In chunks: an embedding of 262k x 640 in float64 at once would be 1.3 GB a copy."""
+    if cand.dtype == ref.dtype and torch.equal(cand, ref):
+        return 0.0
+    c, r = cand.reshape(-1), ref.reshape(-1)
+    num = den = 0.0
+    for i in range(0, c.numel(), chunk):
+        rc = r[i:i + chunk].float()
+        num += float((c[i:i + chunk].float() - rc).pow_(2).sum(dtype=torch.float64))
+        den += float(rc.pow_(2).sum(dtype=torch.float64))
+    if not math.isfinite(num):
+        return EXCESS_CAP_DB
+    return 0.0 if num == 0 else (math.sqrt(num / den) if den > 0 else EXCESS_CAP_DB)
+
+
+def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int, cols: int,
+                 ref_weight: torch.Tensor | None, ref_bias: torch.Tensor | None, has_bias: bool,
+                 quantizer: str = "unknown", logged_sqnr_db: float | None = None) -> dict:
+    """Layout, values and reconstruction of one quantized module (``tensors`` without its prefix)."""
+    scale = tensors.get("weight_scale")
+    scale_dtype = scale.dtype if scale is not None and scale.dtype.is_floating_point else torch.float32
+    layout = expected_layout(scheme, out, cols, has_bias, scale_dtype)
+    problems = _layout_problems(tensors, layout)
+    if "weight_shape" in layout and not problems and tensors["weight_shape"].tolist() != [out, cols]:
+        problems.append(_problem(f"weight_shape: {tensors['weight_shape'].tolist()}, expected {[out, cols]}",
+                                 layout=True))
+    entry: dict = {"format": scheme.format, "scheme": _scheme_name(scheme), "problems": problems,
+                   "extra": sorted(set(tensors) - set(layout))}
+    if problems:
+        return entry
+    codes, zp = unpack_codes(tensors, scheme)
+    problems += _value_problems(tensors, scheme, codes, zp, cols)
+    if has_bias and ref_bias is not None:
+        entry["tensor_rel_error"] = rel_error(tensors["bias"], ref_bias)
+    if ref_weight is None:
+        return entry
+    g_idx = tensors.get("weight_g_idx")
+    decoded = dequantize(codes, tensors["weight_scale"], zp, scheme.weights, g_idx, torch.float32)
+    figures = reconstruction(ref_weight, decoded, scheme.weights, quantizer, g_idx, logged_sqnr_db)
+    entry.update(dataclasses.asdict(figures))
+    entry["recon_excess_db"] = figures.excess_db
+    entry["recon_unit_excess_db"] = figures.unit_excess_db
+    entry["recon_gain_error"] = abs(figures.gain - 1.0)
+    return entry
+
+
+def quantizer_of(stats: dict | None) -> str:
+    """Which quantizer wrote a module, from its quantization_log.json entry (round to nearest logs an SQNR)."""
+    if not stats:
+        return "unknown"
+    if stats.get("algorithm"):
+        return str(stats["algorithm"])
+    return "rtn" if "sqnr_db" in stats else "unknown"
+
+
+def _scheme_name(s: QuantScheme) -> str:
+    a = s.weights
+    w = f"{'fp' if a.type == 'float' else 'int'}{a.num_bits} {a.strategy}" + (f" {a.group_size}" if a.group_size else "")
+    if not a.symmetric:
+        w += " asym"
+    return w + ("" if s.input_activations is None else f", {s.input_activations.type}8 activations")
+
+
+# -- the pass ------------------------------------------------------------------------------------
+def _quantized_modules(config, groups, ignore) -> dict[str, tuple[nn.Linear, QuantScheme]]:
+    from ...pipeline import build_skeleton
+
+    out = {}
+    for name, m in build_skeleton(config).named_modules():
+        if isinstance(m, nn.Linear):
+            s = scheme_for(name, "Linear", groups, ignore)
+            if s is not None and s.weights is not None:
+                out[name] = (m, s)
+    return out
+
+
+def _natural(unit: str):
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", unit)]
+
+
+def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityReport:
+    """Check the quantized checkpoint ``cand_dir`` against the model folder ``base_dir``.
+
+    >>> r = check_checkpoint("models/smollm2", "out/smollm2-w8a16")                 # doctest: +SKIP
+    >>> [n for n, m in r.modules.items() if m["recon_unit_excess_db"] > 12]          # doctest: +SKIP
+    ['model.layers.15.self_attn.q_proj']
+    """
+    from transformers import AutoConfig
+
+    t0 = time.perf_counter()
+    base_dir, cand_dir = Path(base_dir), Path(cand_dir)
+    cand_cfg = _read_config(cand_dir)
+    qc = cand_cfg.get("quantization_config")
+    if not isinstance(qc, dict):
+        raise QuantkitError(f"{cand_dir / 'config.json'}: no quantization_config (not a quantized checkpoint)")
+    groups, ignore = parse_quantization_config(qc, str(cand_dir / "config.json"))
+    _check_same_model(_read_config(base_dir), cand_cfg, base_dir, cand_dir)
+    try:
+        config = AutoConfig.from_pretrained(base_dir)
+    except ValueError as e:
+        raise QuantkitError(f"{base_dir / 'config.json'}: {str(e).splitlines()[0]}") from None
+    base, cand = SafetensorsSource(base_dir), SafetensorsSource(cand_dir)
+    log = read_log(cand_dir)
+    stats = {n: s for n, s in ((log or {}).get("modules") or {}).items() if isinstance(s, dict)}
+    quantized = _quantized_modules(config, groups, ignore)
+
+    def targets_of(layer: nn.Module, prefix: str):
+        return {n: (m, s) for n, m in layer.named_modules() if (s := quantized.get(prefix + n, (None, None))[1])}
+
+    reference = Reference(config, base, cand_dir, log, targets_of)
+    report = IntegrityReport()
+    units: dict[str, list[str]] = {}
+    for k in base.keys():
+        units.setdefault(unit_of(k), []).append(k)
+    for name in quantized:
+        units.setdefault(unit_of(name + "."), [])
+    cand_by_unit: dict[str, list[str]] = {}
+    for k in cand.keys():
+        cand_by_unit.setdefault(unit_of(k), []).append(k)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    for unit in sorted(units, key=_natural):
+        _check_unit(unit, units[unit], cand_by_unit.get(unit, []), quantized, base, cand, reference, stats,
+                    tied, report)
+        base.release()
+        cand.release()
+    report.fallback = dict(reference.fallback)
+    report.transformed = list(reference.transformed)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _check_unit(unit: str, base_keys: list[str], cand_keys: list[str], quantized, base, cand,
+                reference: Reference, stats: dict, tied: bool, report: IntegrityReport) -> None:
+    mods = {n: v for n, v in quantized.items() if unit_of(n + ".") == unit}
+    owned = {f"{n}.{leaf}" for n in mods for leaf in ("weight", "bias")}
+    ref = reference.tensors(unit, base_keys)
+    by_module: dict[str, dict[str, torch.Tensor]] = {n: {} for n in mods}
+    seen = set()
+    for k in cand_keys:
+        owner, _, leaf = k.rpartition(".")
+        if owner in by_module:
+            by_module[owner][leaf] = cand.get(k)
+            seen.add(k)
+    for name, (lin, scheme) in mods.items():
+        entry = check_module(by_module[name], scheme, lin.out_features, lin.in_features,
+                             None if ref is None else ref.get(f"{name}.weight"),
+                             None if ref is None else ref.get(f"{name}.bias"), lin.bias is not None,
+                             quantizer_of(stats.get(name)), (stats.get(name) or {}).get("sqnr_db"))
+        if ref is not None and f"{name}.weight" not in ref:
+            entry["problems"].append(_problem("the baseline has no weight for this module", layout=True))
+        report.modules[name] = entry
+    cand_set = set(cand_keys)
+    for k in base_keys:
+        if k in owned:
+            continue
+        seen.add(k)
+        if k not in cand_set:
+            if not (tied and k == "lm_head.weight"):
+                report.tensors[k] = {"problems": [_problem("missing from the checkpoint", layout=True)]}
+            continue
+        if ref is None:
+            continue
+        t, r = cand.get(k), ref[k]
+        if tuple(t.shape) != tuple(r.shape):
+            report.tensors[k] = {"problems": [_problem(f"shape {list(t.shape)}, baseline {list(r.shape)}",
+                                                       layout=True)]}
+            continue
+        err = rel_error(t, r)
+        if err > 0:
+            report.tensors[k] = {"problems": [], "tensor_rel_error": err}
+    for k in cand_keys:
+        if k in seen:
+            continue
+        owner, _, leaf = k.rpartition(".")
+        if leaf in KV_SCALES:
+            problems = _positive_finite(leaf, cand.get(k))
+            if problems:
+                report.tensors[k] = {"problems": problems}
+        else:
+            report.notes.append(f"{k}: a tensor the baseline does not have (not checked)")
+
+
+# -- what a reader is shown -------------------------------------------------------------------------
+def flagged_rows(data: dict, levels: dict[str, str]) -> list[dict]:
+    """The flagged modules and tensors of a report's ``integrity`` section, worst first, each with
+    its level (``levels``: the verdict's per-slice levels) and a one-line summary."""
+    rows = []
+    for kind in ("modules", "tensors"):
+        for name, m in data[kind].items():
+            level = levels.get(f"integrity:{name}")
+            if level is None or level == "GO":
+                continue
+            row = {"name": name, "kind": kind[:-1], "level": level, "summary": _summary(m),
+                   "problems": [p["text"] for p in m["problems"]]}
+            row.update({k: m[k] for k in ("sqnr_db", "expected_sqnr_db", "recon_excess_db", "recon_unit_excess_db",
+                                          "worst_unit", "gain", "tensor_rel_error", "quantizer") if k in m})
+            rows.append(row)
+    rank = {"NO-GO": 0, "REVIEW": 1}
+    return sorted(rows, key=lambda r: (rank.get(r["level"], 2), -r.get("recon_unit_excess_db", 0.0)))
+
+
+def _summary(m: dict) -> str:
+    parts = [p["text"] for p in m["problems"]]
+    if "sqnr_db" in m:
+        parts.append(f"SQNR {m['sqnr_db']:.1f} dB, expected >= {m['expected_sqnr_db']:.1f} dB ({m['quantizer']}); "
+                     f"worst {m['worst_unit']}: {m['worst_unit_sqnr_db']:.1f} dB, expected >= "
+                     f"{m['worst_unit_expected_sqnr_db']:.1f}; gain {m['gain']:.4f}")
+    if m.get("tensor_rel_error"):
+        parts.append(f"relative error {m['tensor_rel_error']:.3g} vs the baseline")
+    return "; ".join(parts)

@@ -1,0 +1,64 @@
+"""Damage planted into a written checkpoint's files, as a packing or storage fault would leave it:
+a copy of the folder with one tensor changed (or removed) in its safetensors shard."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def _shard_of(folder: Path, key: str) -> Path:
+    for f in sorted(folder.glob("*.safetensors")):
+        from safetensors import safe_open
+        with safe_open(f, "pt") as h:
+            if key in h.keys():
+                return f
+    raise KeyError(key)
+
+
+def plant(src: Path, dst: Path, key: str, change) -> Path:
+    """Copy ``src`` to ``dst`` with tensor ``key`` replaced by ``change(tensor)`` (None: removed)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    shard = _shard_of(dst, key)
+    tensors = load_file(shard)
+    new = change(tensors[key].clone())
+    if new is None:
+        del tensors[key]
+    else:
+        tensors[key] = new.contiguous()
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    return dst
+
+
+def zero_block(t: torch.Tensor) -> torch.Tensor:
+    """A block of scales zeroed: the first quarter of the rows (one head of q_proj, say)."""
+    t[: max(1, t.shape[0] // 4)] = 0
+    return t
+
+
+def doubled(t: torch.Tensor) -> torch.Tensor:
+    return t * 2
+
+
+def nan_one(t: torch.Tensor) -> torch.Tensor:
+    t.view(-1)[t.numel() // 2] = float("nan")
+    return t
+
+
+def shuffled_run(t: torch.Tensor, words: int = 64, seed: int = 0) -> torch.Tensor:
+    """A run of ``words`` consecutive stored elements (packed int32 words, or int8/fp8 codes ×4:
+    256 bytes either way) in the middle of the tensor, permuted."""
+    flat = t.view(-1) if t.dtype != torch.float8_e4m3fn else t.view(torch.uint8).view(-1)
+    n = words * (4 if flat.element_size() == 1 else 1)
+    start = (flat.numel() // 2) // n * n
+    g = torch.Generator().manual_seed(seed)
+    flat[start:start + n] = flat[start:start + n][torch.randperm(n, generator=g)]
+    return t
+
+
+def removed(t: torch.Tensor) -> None:
+    return None
