@@ -1,91 +1,58 @@
-"""Run generated code against its tests in a sandboxed subprocess.
+"""Build HumanEval programs (prompt + completion + tests) and run them behind the sandbox.
 
-The child gets: an empty temporary working folder, an empty environment, Python's
-isolated mode, a wall-clock timeout (the whole process group is killed), CPU-time,
-address-space, file-size and open-file limits, no core dumps, and no network: a fresh
-network namespace when the kernel allows it (root, or unprivileged user namespaces),
-and in every case a prelude that removes socket creation, process spawning and the
-shell from the standard library before the program runs.
+The boundary itself (bubblewrap, limits, the unsafe path) is ``sandbox.py``; this module
+only turns a problem and a completion into a program and the program's end into a status.
 """
 from __future__ import annotations
 
-import ctypes
-import os
-import resource
-import signal
-import subprocess
-import sys
-import tempfile
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Iterator
 
-CLONE_NEWNET = 0x40000000
+from .sandbox import Limits, Runner, code_runner
 
-PRELUDE = r'''
-import builtins, os, socket, subprocess, shutil
-def _blocked(*a, **k):
-    raise PermissionError("blocked by the quantkit sandbox")
-for _name in ("socket", "create_connection", "create_server", "socketpair", "fromfd", "getaddrinfo"):
-    setattr(socket, _name, _blocked)
-for _name in ("system", "popen", "fork", "forkpty", "execv", "execve", "execl", "execvp", "spawnv",
-              "spawnl", "kill", "killpg", "remove", "unlink", "rmdir", "removedirs", "rename",
-              "replace", "chmod", "chown", "putenv", "setuid"):
-    if hasattr(os, _name):
-        setattr(os, _name, _blocked)
-subprocess.Popen = _blocked
-shutil.rmtree = _blocked
-shutil.move = _blocked
-del _name
-'''
+# lm-eval calls a task's process_results(doc, results) with nothing else: the evaluation
+# hands it the runner it opened (sandbox or explicit unsafe) through this variable.
+_CURRENT: ContextVar[Runner | None] = ContextVar("quantkit_code_runner", default=None)
+
+
+@contextlib.contextmanager
+def using_runner(runner: Runner | None) -> Iterator[None]:
+    """Make ``runner`` the one ``run_program`` uses when it is given none."""
+    token = _CURRENT.set(runner)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
 
 @dataclass(frozen=True)
 class ExecResult:
     passed: bool
-    status: str       # "passed", "failed", "timeout", or "error: ..."
+    status: str       # "passed", "failed", "timeout", or "error: signal N"
     stderr_tail: str = ""
 
 
-def _limits(timeout_s: float, mem_bytes: int):
-    def apply() -> None:
-        # Best effort: without the privilege, the prelude still blocks sockets.
-        try:
-            ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET)
-        except Exception:
-            pass
-        cpu = int(timeout_s) + 1
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-        resource.setrlimit(resource.RLIMIT_AS, (mem_bytes, mem_bytes))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    return apply
-
-
-def run_program(source: str, timeout_s: float = 5.0, mem_bytes: int = 1 << 30) -> ExecResult:
+def run_program(source: str, runner: Runner | None = None, timeout_s: float = 5.0,
+                mem_bytes: int = 1 << 30) -> ExecResult:
     """Run ``source`` (program + tests); passed means exit status 0 within the limits.
+
+    Without a ``runner``: the one set by ``using_runner``, else the sandbox, probed now
+    (``SandboxUnavailable`` when there is none).
 
     >>> run_program("assert 1 + 1 == 2").passed
     True
     """
-    with tempfile.TemporaryDirectory(prefix="quantkit-exec-") as tmp:
-        path = os.path.join(tmp, "program.py")
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(PRELUDE + "\n" + source + "\n")
-        proc = subprocess.Popen([sys.executable, "-I", "-S", path], cwd=tmp, env={"PATH": "/usr/bin:/bin"},
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=_limits(timeout_s, mem_bytes))
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-            return ExecResult(False, "timeout")
-        tail = err.decode("utf-8", "replace")[-400:]
-        if proc.returncode == 0:
-            return ExecResult(True, "passed", tail)
-        if proc.returncode < 0:
-            return ExecResult(False, f"error: signal {-proc.returncode}", tail)
-        return ExecResult(False, "failed", tail)
+    runner = runner or _CURRENT.get() or code_runner()
+    out = runner.run(source, Limits(wall_s=timeout_s, mem_bytes=mem_bytes))
+    if out.returncode is None:
+        return ExecResult(False, "timeout", out.stderr_tail)
+    if out.returncode == 0:
+        return ExecResult(True, "passed", out.stderr_tail)
+    if out.signal is not None:
+        return ExecResult(False, f"error: signal {out.signal}", out.stderr_tail)
+    return ExecResult(False, "failed", out.stderr_tail)
 
 
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert ")
