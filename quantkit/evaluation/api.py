@@ -4,20 +4,22 @@ and an ``EvalResult`` that saves report.md / report.html / report.json.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from ..errors import QuantkitError
 
+from .code_exec import using_runner
 from .forced import encode_text, run_forced
 from .generation import generation_agreement
 from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
+from .sandbox import Runner, SandboxUnavailable, code_runner
 from .slices import Slice, SuiteOptions, business_slices, load_suite
 from .tasks import code_pass, extraction, mc_summary, multiple_choice
-from .verdict import GO, Thresholds, Verdict, decide
+from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 
@@ -38,6 +40,7 @@ class EvalResult:
     gate: LanguageGate = field(default_factory=LanguageGate)
     lm_eval: dict[str, dict] = field(default_factory=dict)            # task -> metric -> base/cand/drop
     integrity: dict | None = None                                     # integrity.IntegrityReport.to_dict()
+    warnings: list[str] = field(default_factory=list)                 # what was not measured, and why
 
     @property
     def decision(self) -> str:
@@ -70,11 +73,13 @@ def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: i
     return out
 
 
-def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar) -> tuple[dict, list, list]:
-    pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
-    def cap(xs: list, n: int | None) -> list:
-        return xs[:n] if n is not None else xs
+def cap(xs: list, n: int | None) -> list:
+    return xs[:n] if n is not None else xs
 
+
+def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar,
+                   runner: Runner | None) -> tuple[dict, list, list]:
+    pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
     values, buckets, examples = {}, [], []
     texts = cap(sl.of_kind("text"), opt.text_items)
     if texts:
@@ -115,9 +120,9 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
                          if sl.public or show else {"prompt": HIDDEN})}
                      for it, a, b in lost if b["f1"] < a["f1"]]
     code = cap(sl.of_kind("code"), opt.code_items)
-    if code:
-        rb = code_pass(base, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)
-        rc = code_pass(cand, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s)
+    if code and runner is not None:   # without a runner the caller records why they were skipped
+        rb = code_pass(base, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s, runner)
+        rc = code_pass(cand, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s, runner)
         pb, pc = (sum(r["passed"] for r in rs) / len(rs) for rs in (rb, rc))
         values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc,
                        "code_pass_drop": pb - pc})
@@ -133,7 +138,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
              module_errors: dict[str, float] | None = None, progress: bool = True,
              meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
              lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None,
-             integrity=None) -> EvalResult:
+             integrity=None, unsafe_code_exec: bool = False) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
 
     ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
@@ -143,6 +148,11 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     ``lm_eval_acc_drop`` on a slice ``lm-eval:<task>``. ``integrity`` (an
     ``integrity.IntegrityReport`` of the candidate's files) adds each module or tensor it
     flags as a slice ``integrity:<name>`` that always gates.
+
+    Code items (and lm-eval tasks that run code) run behind the bubblewrap sandbox
+    (sandbox.py); where it cannot be set up they are skipped and ``warnings`` says so, unless
+    ``unsafe_code_exec`` runs them without it. An evaluation that measured nothing on a slice
+    that gates is REVIEW, never GO.
 
     >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
     >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
@@ -162,6 +172,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
         task_manager(list(lm_eval_tasks))  # an unknown task fails now, not after the suite
     for m in (baseline, candidate):
         m.eval()
+    runner, code_meta, warnings = open_code_runner(slices, opt, unsafe_code_exec, bool(lm_eval_tasks))
     t0, c0 = time.perf_counter(), time.process_time()
     values, buckets, examples, seconds, cpu = {}, {}, {}, {}, {}
     with tqdm(total=len(slices) * 2, desc="eval", disable=not progress, unit="step") as bar:
@@ -169,7 +180,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             bar.set_postfix_str(sl.name)
             ts, cs = time.perf_counter(), time.process_time()
             values[sl.name], b, examples[sl.name] = _measure_slice(sl, baseline, candidate, tokenizer, max_len,
-                                                                     opt, show_samples, bar)
+                                                                     opt, show_samples, bar, runner)
             if b:
                 buckets[sl.name] = b
             seconds[sl.name] = time.perf_counter() - ts
@@ -180,7 +191,8 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     if lm_eval_tasks:
         from .lm_eval_bridge import compare_lm_eval, lm_eval_measures
         ts, cs = time.perf_counter(), time.process_time()
-        lm = compare_lm_eval(baseline, candidate, tokenizer, list(lm_eval_tasks), limit=lm_eval_limit)
+        with using_runner(runner):
+            lm = compare_lm_eval(baseline, candidate, tokenizer, list(lm_eval_tasks), limit=lm_eval_limit)
         measures.update(lm_eval_measures(lm))
         seconds["lm-eval"], cpu["lm-eval"] = time.perf_counter() - ts, time.process_time() - cs
     if integrity is not None:
@@ -188,15 +200,40 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     langs = {s.name: s.language for s in slices}
     verdict = decide(measures, th, {s.name: gate.why_not() for s in slices
                                     if not gate.gates(s.language, s.public)})
+    if not any(v for s, v in measures.items() if s not in verdict.not_gated):
+        warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
+        verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))
     examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
     info = {"max_len": max_len, "suite": [s.name for s in slices], "show_samples": show_samples,
             "seconds_total": time.perf_counter() - t0, "seconds_per_slice": seconds,
             "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
-            "languages": gate.to_dict(), **(meta or {})}
+            "languages": gate.to_dict(), **({"code_exec": code_meta} if code_meta else {}), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
                       {s.name: s.public for s in slices}, langs, gate, lm,
-                      None if integrity is None else integrity.to_dict())
+                      None if integrity is None else integrity.to_dict(), warnings)
+
+
+def open_code_runner(slices: list[Slice], opt: SuiteOptions, unsafe: bool,
+                     lm_eval: bool) -> tuple[Runner | None, dict | None, list[str]]:
+    """What will run the suite's code: the sandbox, the unsafe path when asked, or nothing
+    (the code items are skipped), with what the report records about it and its warnings."""
+    counts = {s.name: n for s in slices if (n := len(cap(s.of_kind("code"), opt.code_items)))}
+    if not counts and not lm_eval:
+        return None, None, []
+    if unsafe:
+        return (code_runner(unsafe=True), {"runner": "unsandboxed (unsafe_code_exec)"},
+                ["--unsafe-code-exec: code ran WITHOUT a sandbox, able to read, write and reach "
+                 "whatever quantkit's user can"])
+    try:
+        return code_runner(), {"runner": "bubblewrap sandbox"}, []
+    except SandboxUnavailable as e:
+        info = {"runner": None, "reason": str(e), "skipped": counts}
+        if not counts:   # lm-eval only: a task that runs code fails with this reason when it does
+            return None, info, []
+        skipped = ", ".join(f"{name} ({n})" for name, n in counts.items())
+        return None, info, [f"code items skipped, not measured: {skipped}: no sandbox for generated code "
+                            f"({e}); --unsafe-code-exec runs them without one"]
 
 
 def flagged_measures(integrity, thresholds: Thresholds) -> dict[str, dict]:

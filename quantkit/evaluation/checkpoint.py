@@ -20,6 +20,13 @@ def resolve_dir(model: str | Path | None) -> Path:
     return path
 
 
+def check_weights(path: Path) -> None:
+    """Refuse, before anything loads, a folder whose weights are not valid safetensors: the
+    same check as ``quantkit convert`` (a pickle-only folder is named, never unpickled)."""
+    from ..source import SafetensorsSource
+    SafetensorsSource(path)
+
+
 def is_quantized(path: Path) -> bool:
     try:
         return "quantization_config" in json.loads((path / "config.json").read_text())
@@ -35,7 +42,8 @@ def load_model(path: Path, device: str = "cpu", backend: str | None = None):
     if is_quantized(path):
         from ..loader import load
         return load(path, backend=backend, device=device).eval()
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    # use_safetensors: never fall back to a pickle, even beside safetensors files
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).to(device).eval()
 
 
 def load_tokenizer(*paths: Path):

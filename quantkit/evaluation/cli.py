@@ -28,13 +28,15 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                    calibration_log: str | Path | None = None, show_samples: bool = False,
                    device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
                    languages: str | list[str] | None = None, lm_eval_tasks: list[str] | None = None,
-                   lm_eval_limit: int | None = None):
+                   lm_eval_limit: int | None = None, unsafe_code_exec: bool = False):
     """Load both models from folders and evaluate; returns the ``EvalResult``.
+
+    Code items run behind the sandbox (sandbox.py), or, with ``unsafe_code_exec``, without one.
 
     The languages that gate: ``languages`` (``--languages``), else the section's
     ``languages``, else the baseline folder's model card, else all (languages.py)."""
     from .api import evaluate, integrity_only
-    from .checkpoint import is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
+    from .checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
     from .integrity import check_checkpoint
     from .languages import language_gate
     from .plan import plan
@@ -43,6 +45,8 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     section = check_eval_section(eval_section)
     options = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
+    for d in (base_dir, cand_dir):
+        check_weights(d)
     from .slices import load_suite
     suite = suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
@@ -64,7 +68,8 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
-                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity)
+                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity,
+                      unsafe_code_exec=unsafe_code_exec)
     return result
 
 
@@ -93,6 +98,8 @@ def evaluate_checkpoint(model, path: Path, recipe) -> Path:
     result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}))
     out = result.save(Path(path) / "eval")
     typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
+    for w in result.warnings:
+        typer.echo(f"  warning: {w}")
     for line in integrity_lines(result):
         typer.echo(f"  {line}")
     return out
@@ -126,17 +133,21 @@ def eval_command(
     languages: Optional[str] = typer.Option(None, "--languages", help="Languages whose slices gate the verdict, e.g. en,zh (default: the recipe's eval.languages, else the baseline's model card, else all)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
+    unsafe_code_exec: bool = typer.Option(False, "--unsafe-code-exec", help="Run code items WITHOUT the bubblewrap sandbox (where it cannot be set up); the code can then do whatever your user can."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     try:
         tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
-                                lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit)
+                                lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
+                                unsafe_code_exec=unsafe_code_exec)
         path = result.save(out or Path(candidate) / "eval")
     except QuantkitError as e:
         _fail(str(e))
     typer.echo(f"{result.decision}: {path / 'report.html'}")
+    for w in result.warnings:
+        typer.echo(f"  warning: {w}")
     for r in result.verdict.reasons[:10]:
         typer.echo(f"  {r.level}: {r.text()}")
     for line in integrity_lines(result):

@@ -59,6 +59,7 @@ def to_json(result) -> dict:
         "module_errors": result.module_errors,
         "integrity": _integrity(result),
         "thresholds": result.thresholds.to_dict(),
+        "warnings": list(result.warnings),
     })
 
 
@@ -239,6 +240,8 @@ def markdown(data: dict) -> str:
               f"max length {m['max_len']}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
     if m.get("slices_skipped"):
         lines += [f"**{m['slices_skipped']}**", ""]
+    if data.get("warnings"):
+        lines += ["## Warnings", ""] + [f"- **warning**: {w}" for w in data["warnings"]] + [""]
     if v["reasons"]:
         lines += ["## Reasons", ""] + [f"- **{r['level']}** {r['text']}" for r in v["reasons"]] + [""]
     if v.get("informational"):
@@ -334,6 +337,9 @@ def render_html(data: dict, images: dict[str, str]) -> str:
              f"<p id='gating'>{e(gating_text(data))}</p>"]
     if data["meta"].get("slices_skipped"):
         parts.append(f"<p id='slices_skipped'><b>{e(data['meta']['slices_skipped'])}</b></p>")
+    if data.get("warnings"):
+        parts.append("<h2>Warnings</h2><ul id='warnings'>"
+                     + "".join(f"<li class='REVIEW'>{e(w)}</li>" for w in data["warnings"]) + "</ul>")
     for key, title in (("reasons", "Reasons"), ("informational", "Not gated (information only)")):
         if not v.get(key):
             continue

@@ -11,6 +11,7 @@ import torch
 
 from .code_exec import humaneval_program, run_program, truncate_completion
 from .models import forward_logits, greedy
+from .sandbox import Runner
 
 LETTERS = "ABCD"
 
@@ -104,14 +105,15 @@ def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos
 
 
 def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos, batch: int,
-              timeout_s: float) -> list[dict]:
+              timeout_s: float, runner: Runner) -> list[dict]:
+    """Greedy completions run against their tests by ``runner`` (the sandbox, see sandbox.py)."""
     out = []
     for s in range(0, len(items), batch):
         chunk = items[s:s + batch]
         gens = greedy(model, [tokenizer(it["prompt"])["input_ids"] for it in chunk], n_tokens, pad, eos)
         for it, g in zip(chunk, gens):
             completion = tokenizer.decode(g, skip_special_tokens=True)
-            res = run_program(humaneval_program(it, completion), timeout_s=timeout_s)
+            res = run_program(humaneval_program(it, completion), runner, timeout_s=timeout_s)
             out.append({"id": it["id"], "completion": truncate_completion(completion),
                         "passed": res.passed, "status": res.status})
     return out
