@@ -3,6 +3,17 @@
 # torch is pinned to the CPU wheel (constraints-cpu.txt): a bare "torch" pulls a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Generated and suite code runs behind bubblewrap (quantkit/evaluation/sandbox.py); without it
+# code tasks are skipped. Installed only when missing, only as root, only where apt exists.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get install -y -q bubblewrap >/dev/null 2>&1 ||
+      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; } ||
+      echo "warning: could not install bubblewrap: code tasks will be skipped" >&2
+  else
+    echo "warning: bubblewrap (bwrap) is not installed: code tasks will be skipped (apt-get install bubblewrap)" >&2
+  fi
+fi
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
