@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
 
-from .sandbox import Limits, Runner, code_runner
+from .sandbox import Limits, Runner, SandboxUnavailable, code_runner
 
 # lm-eval calls a task's process_results(doc, results) with nothing else: the evaluation
 # hands it the runner it opened (sandbox or explicit unsafe) through this variable.
@@ -44,7 +44,12 @@ def run_program(source: str, runner: Runner | None = None, timeout_s: float = 5.
     >>> run_program("assert 1 + 1 == 2").passed
     True
     """
-    runner = runner or _CURRENT.get() or code_runner()
+    runner = runner or _CURRENT.get()
+    if runner is None:
+        try:
+            runner = code_runner()
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(f"code cannot run: {e}; --unsafe-code-exec runs it without a sandbox") from None
     out = runner.run(source, Limits(wall_s=timeout_s, mem_bytes=mem_bytes))
     if out.returncode is None:
         return ExecResult(False, "timeout", out.stderr_tail)

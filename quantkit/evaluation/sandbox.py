@@ -57,7 +57,8 @@ class SandboxUnavailable(QuantkitError):
 class Limits:
     wall_s: float = 5.0
     mem_bytes: int = 1 << 30        # address space (RLIMIT_AS) per process
-    procs: int = 32                 # RLIMIT_NPROC: counted per real uid, so root drops to nobody first
+    procs: int = 32                 # RLIMIT_NPROC: per real uid (root is exempt, so root drops to
+                                    # nobody, whose other processes on the host count too)
     file_bytes: int = 1 << 20       # RLIMIT_FSIZE: largest file written, stderr included
     tmp_bytes: int = 16 << 20       # the private /tmp
     open_files: int = 64
