@@ -108,7 +108,8 @@ def _transform_summary(transforms: dict) -> dict:
         key = "ratio" if "ratio" in infos[0] else "alpha"
         before = "loss_rtn" if key == "ratio" else "loss_unsmoothed"
         after = "loss_awq" if key == "ratio" else "loss"
-        out[step] = {f"mean_{key}": sum(i[key] for i in infos) / len(infos)}
+        chosen = [i[key] for i in infos if i[key] is not None]     # None: no scaling won (AWQ)
+        out[step] = {f"mean_{key}": sum(chosen) / max(len(chosen), 1), "unscaled": len(infos) - len(chosen)}
         if before in infos[0]:
             out[step]["loss_ratio_mean"] = sum(i[after] / max(i[before], 1e-30) for i in infos) / len(infos)
     return out
@@ -125,6 +126,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--search-tokens", type=int, default=None, help="AWQ's search_tokens option")
+    ap.add_argument("--awq-options", default="{}", help="more AWQ step options, as JSON (e.g. '{\"clip_grid\": 100}')")
     ap.add_argument("--no-llmc", action="store_true")
     ap.add_argument("--llmc-python", default=str(bench.ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200)
@@ -150,6 +152,7 @@ def main() -> None:
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
             "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir)}
     awq_options = {} if a.search_tokens is None else {"search_tokens": a.search_tokens}
+    awq_options.update(json.loads(a.awq_options))
     only = set(a.only.split(",")) if a.only else None
     runs: dict[str, dict] = {}
 

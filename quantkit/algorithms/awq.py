@@ -113,6 +113,7 @@ class AWQ(Transform):
     clip: bool = True               # the per-group clip search after the scales
     clip_grid: int = 20
     max_shrink: float = 0.5         # clip ratios searched down to 1 - max_shrink
+    clip_skip: tuple[str, ...] = ()  # linears (name suffixes) left out of the clip search, e.g. q/k
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
@@ -129,7 +130,8 @@ class AWQ(Transform):
         mappings = self._mappings(ctx)
         # clip ranges per group (a channel-wise grid would need an [in, in] Gram per linear)
         targets = {n: s.weights for n, (_, s) in ctx.targets.items()
-                   if self.clip and s.weights is not None and s.weights.type == "int" and s.weights.strategy == "group"}
+                   if self.clip and s.weights is not None and s.weights.type == "int" and s.weights.strategy == "group"
+                   and not n.endswith(tuple(self.clip_skip))}
         linears = sorted({m.balance[0] for m in mappings} | set(targets))
         grams = {n: a.group_size for n, a in targets.items()}
         stats, replays = observe_layer(ctx, linears, [m.parent for m in mappings],
@@ -179,8 +181,10 @@ class AWQ(Transform):
             return replay.loss()
 
         try:
+            # no scaling is a candidate too: with duo scaling r = 0 gives 1 / w̄, not 1, and on a
+            # mapping where every scaled grid loses, the scales must not make it worse
             plain = loss_with(torch.ones_like(x_mean))
-            best_loss, best_ratio, best = float("inf"), 0.0, torch.ones_like(x_mean)
+            best_loss, best_ratio, best = plain, None, torch.ones_like(x_mean)
             for i in range(self.grid):
                 r = i / self.grid
                 s = candidate_scales(x_mean, w_mean, r)

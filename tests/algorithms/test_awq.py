@@ -115,3 +115,33 @@ def test_load_from_a_folder_without_transforms_is_one_line(salient_llama, tmp_pa
         quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32,
                                           "steps": [{"awq": {"load_from": str(tmp_path)}}, "rtn"]},
                           calibration=random_ids(4, 32))
+
+
+def test_no_scaling_wins_where_every_scaled_grid_loses():
+    """With duo scaling no ratio gives s = 1; the search must still keep the layer unscaled
+    when that is best (here a replay that only rewards the unscaled rounding)."""
+    from types import SimpleNamespace
+
+    from quantkit.algorithms.awq import AWQ, fake_quantize_weight, minmax
+    from quantkit.algorithms.observe import ChannelStats
+    from quantkit.arch import SmoothMapping
+    from quantkit.scheme import QuantArgs
+
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 16, bias=False)
+    args = QuantArgs(num_bits=4, group_size=32)
+    plain = fake_quantize_weight(lin.weight.data.clone(), minmax(args))
+
+    class Replay:
+        num_tokens = 1
+
+        def loss(self) -> float:
+            return float((lin.weight.data - plain).abs().sum())
+
+    ctx = SimpleNamespace(targets={"fc": (lin, SimpleNamespace(weights=args))})
+    stats = ChannelStats(torch.rand(64) * 10 + 0.1, torch.ones(64), count=1)
+    before = lin.weight.data.clone()
+    s, info = AWQ()._search_mapping(ctx, SmoothMapping("norm", ("fc",), "fc"), stats, Replay())
+    assert info["ratio"] is None and torch.equal(s, torch.ones(64)), info
+    assert info["loss_awq"] == info["loss_rtn"] == 0.0
+    assert torch.equal(lin.weight.data, before)          # the search leaves the weights as they were
