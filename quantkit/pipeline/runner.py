@@ -37,7 +37,7 @@ from ..primitives import calculate_qparams
 from ..recipe import Recipe
 from ..scheme import QuantScheme
 from . import batches as _batches
-from . import record
+from . import record, residuals
 from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
 from .onload import build_skeleton, dematerialize, get_module, materialize
@@ -158,13 +158,19 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             found = _run_transforms(ctx, transforms, writer.tmp)
             if found:
                 transform_log[ctx.name] = {key: r.summary for key, r in found.items()}
+            # the weights the quantizer is given (GPTQ updates its working copy in place), for the row record
+            given = {name: m.weight.data.clone() for name, (m, _) in targets.items()}
             results = quantizer.quantize_layer(ctx)
             missing = set(targets) - set(results)
             if missing:
                 raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
-            # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own
+            # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own;
+            # first what the quantizer left per row, in float32 as the integrity pass decodes
+            rows = {}
             for name, (m, s) in targets.items():
+                rows[prefix + name] = residuals.row_errors(given.pop(name), results[name].dequantized(s.weights, torch.float32))
                 m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
+            residuals.save_layer(writer.tmp, i, rows)
             observed: dict[str, torch.Tensor] = {}
             if passes is not None:
                 if not ctx.propagated:

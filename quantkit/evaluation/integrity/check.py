@@ -181,7 +181,8 @@ def rel_error(cand: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 22) -> fl
 
 def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int, cols: int,
                  ref_weight: torch.Tensor | None, ref_bias: torch.Tensor | None, has_bias: bool,
-                 quantizer: str = "unknown", logged_sqnr_db: float | None = None) -> dict:
+                 quantizer: str = "unknown", logged_sqnr_db: float | None = None,
+                 logged_rows: torch.Tensor | None = None) -> dict:
     """Layout, values and reconstruction of one quantized module (``tensors`` without its prefix)."""
     scale = tensors.get("weight_scale")
     scale_dtype = scale.dtype if scale is not None and scale.dtype.is_floating_point else torch.float32
@@ -202,7 +203,10 @@ def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int
         return entry
     g_idx = tensors.get("weight_g_idx")
     decoded = dequantize(codes, tensors["weight_scale"], zp, scheme.weights, g_idx, torch.float32)
-    figures = reconstruction(ref_weight, decoded, scheme.weights, quantizer, g_idx, logged_sqnr_db)
+    if logged_rows is not None and tuple(logged_rows.shape) != (out,):
+        problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))
+        logged_rows = None
+    figures = reconstruction(ref_weight, decoded, scheme.weights, quantizer, g_idx, logged_sqnr_db, logged_rows)
     entry.update(dataclasses.asdict(figures))
     entry["recon_excess_db"] = figures.excess_db
     entry["recon_unit_excess_db"] = figures.unit_excess_db
@@ -228,6 +232,22 @@ def _scheme_name(s: QuantScheme) -> str:
 
 
 # -- the pass ------------------------------------------------------------------------------------
+def _recorded_rows(cand_dir: Path, report: IntegrityReport) -> dict[str, torch.Tensor]:
+    """The conversion's row errors (``pipeline/residuals.py``); none (and a note) when unreadable."""
+    from ...pipeline import residuals
+
+    try:
+        rows = residuals.load(cand_dir)
+    except Exception as e:  # a damaged record is reported, never trusted: the checks fall back
+        report.notes.append(f"{cand_dir / residuals.FOLDER}: unreadable ({str(e).splitlines()[0][:200]}); "
+                            "rows compared with round to nearest and the quantizer's allowance")
+        return {}
+    if not rows:
+        report.notes.append("no recorded row errors (not written by this quantkit): rows and groups compared "
+                            "with round to nearest and the quantizer's allowance")
+    return rows
+
+
 def _quantized_modules(config, groups, ignore) -> dict[str, tuple[nn.Linear, QuantScheme]]:
     from ...pipeline import build_skeleton
 
@@ -269,12 +289,13 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityRep
     log = read_log(cand_dir)
     stats = {n: s for n, s in ((log or {}).get("modules") or {}).items() if isinstance(s, dict)}
     quantized = _quantized_modules(config, groups, ignore)
+    report = IntegrityReport()
+    rows = _recorded_rows(cand_dir, report)
 
     def targets_of(layer: nn.Module, prefix: str):
         return {n: (m, s) for n, m in layer.named_modules() if (s := quantized.get(prefix + n, (None, None))[1])}
 
     reference = Reference(config, base, cand_dir, log, targets_of)
-    report = IntegrityReport()
     units: dict[str, list[str]] = {}
     for k in base.keys():
         units.setdefault(unit_of(k), []).append(k)
@@ -286,7 +307,7 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityRep
     tied = bool(getattr(config, "tie_word_embeddings", False))
     for unit in sorted(units, key=_natural):
         _check_unit(unit, units[unit], cand_by_unit.get(unit, []), quantized, base, cand, reference, stats,
-                    tied, report)
+                    rows, tied, report)
         base.release()
         cand.release()
     report.fallback = dict(reference.fallback)
@@ -296,7 +317,8 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityRep
 
 
 def _check_unit(unit: str, base_keys: list[str], cand_keys: list[str], quantized, base, cand,
-                reference: Reference, stats: dict, tied: bool, report: IntegrityReport) -> None:
+                reference: Reference, stats: dict, rows: dict[str, torch.Tensor], tied: bool,
+                report: IntegrityReport) -> None:
     mods = {n: v for n, v in quantized.items() if unit_of(n + ".") == unit}
     owned = {f"{n}.{leaf}" for n in mods for leaf in ("weight", "bias")}
     ref = reference.tensors(unit, base_keys)
@@ -311,7 +333,7 @@ def _check_unit(unit: str, base_keys: list[str], cand_keys: list[str], quantized
         entry = check_module(by_module[name], scheme, lin.out_features, lin.in_features,
                              None if ref is None else ref.get(f"{name}.weight"),
                              None if ref is None else ref.get(f"{name}.bias"), lin.bias is not None,
-                             quantizer_of(stats.get(name)), (stats.get(name) or {}).get("sqnr_db"))
+                             quantizer_of(stats.get(name)), (stats.get(name) or {}).get("sqnr_db"), rows.get(name))
         if ref is not None and f"{name}.weight" not in ref:
             entry["problems"].append(_problem("the baseline has no weight for this module", layout=True))
         report.modules[name] = entry
