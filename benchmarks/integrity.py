@@ -2,7 +2,7 @@
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/integrity.py --model smollm2 [--json smollm2.json]
     taskset -c 1 env OMP_NUM_THREADS=1 python benchmarks/integrity.py --model gemma3  [--json gemma3.json]
-        [--recipes w8a16,w4a16-g64-gptq,...] [--out DIR] [--keep] [--threads 1]
+        [--recipes w8a16,w4a16-g64-gptq,...] [--out DIR] [--keep] [--threads 1] [--num-samples N]
 
 For each shipped recipe (recipes/*.yaml: every one is a W4 or W8 scheme, RTN or GPTQ after
 any transforms), converts the model (bundled calibration sample), runs the integrity pass
@@ -10,7 +10,10 @@ alone (``check_checkpoint``) on the written folder and prints: the pass's wall a
 seconds, the modules and tensors it flags under the default limits (acceptance 3: none), and
 per measure the worst value with its module and the margin to the REVIEW limit. A recipe
 whose group size does not divide the model's widths (g128 on SmolLM2's 576) is listed as
-skipped. SmolLM2's pass time is also given against the evaluation's own time on one core
+skipped. Each checkpoint is judged twice: as the pass judges it (every row against the
+conversion's own row record) and without that record (round to nearest plus the quantizer's
+allowance, what a checkpoint from another tool gets). ``--num-samples`` converts with fewer
+calibration samples (the pass reads the files; GPTQ on less data only scatters more). SmolLM2's pass time is also given against the evaluation's own time on one core
 (``EVAL_SECONDS``: W8A16, the full default suite, benchmarks/RESULTS.md; acceptance 2: at
 most 10%). Checkpoints are deleted after their check unless ``--keep``. One JSON document
 at the end (``--json`` writes it too).
@@ -59,7 +62,17 @@ def worst(report) -> dict:
     return out
 
 
-def check_one(base: Path, recipe: str, out_dir: Path, keep: bool) -> dict:
+def recipe_with(name: str, num_samples: int | None) -> str | dict:
+    """A shipped recipe, with fewer calibration samples when asked (the pass reads the files, not the data)."""
+    if num_samples is None:
+        return name
+    import yaml
+    doc = yaml.safe_load((ROOT / "recipes" / f"{name}.yaml").read_text())
+    doc.setdefault("calibration", {})["num_samples"] = num_samples
+    return doc
+
+
+def check_one(base: Path, recipe: str, out_dir: Path, keep: bool, num_samples: int | None = None) -> dict:
     import quantkit
     from quantkit.errors import QuantkitError
     from quantkit.evaluation.api import flagged_measures
@@ -71,7 +84,7 @@ def check_one(base: Path, recipe: str, out_dir: Path, keep: bool) -> dict:
     t = time.perf_counter()
     try:
         if not (ckpt / "config.json").exists():
-            quantkit.quantize(str(base), recipe, workdir=out_dir).save(ckpt, overwrite=True)
+            quantkit.quantize(str(base), recipe_with(recipe, num_samples), workdir=out_dir).save(ckpt, overwrite=True)
     except QuantkitError as e:
         return {**row, "skipped": str(e)}
     row["convert_s"] = time.perf_counter() - t
@@ -84,6 +97,12 @@ def check_one(base: Path, recipe: str, out_dir: Path, keep: bool) -> dict:
     row["decision"] = verdict.decision
     row["flagged"] = [r.text() for r in verdict.reasons]
     row["worst"] = worst(report)
+    row["recorded_rows"] = sum(m.get("expected_from") == "rows" for m in report.modules.values())
+    # the same files judged without the conversion's row record: what the allowances alone say
+    bare = check_checkpoint(base, ckpt, use_record=False)
+    bare_verdict = decide(flagged_measures(bare, Thresholds()))
+    row["without_record"] = {"decision": bare_verdict.decision, "flagged": [r.text() for r in bare_verdict.reasons],
+                             "worst": worst(bare)}
     if not keep:
         shutil.rmtree(ckpt, ignore_errors=True)
     return row
@@ -97,6 +116,8 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the checkpoints (Gemma3's are ~0.8 GB each)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--num-samples", type=int, default=None,
+                    help="calibration samples per conversion (default: each recipe's own)")
     args = ap.parse_args()
 
     import torch
@@ -107,7 +128,7 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for recipe in recipes:
-        row = check_one(base, recipe, out_dir, args.keep)
+        row = check_one(base, recipe, out_dir, args.keep, args.num_samples)
         rows.append(row)
         if "skipped" in row:
             print(f"{recipe}: skipped ({row['skipped']})", flush=True)
@@ -120,9 +141,14 @@ def main() -> None:
               flush=True)
         for text in row["flagged"]:
             print(f"    {text}", flush=True)
+        w = row["without_record"]
+        print(f"    without the row record: {w['decision']}, {len(w['flagged'])} flagged; worst unit "
+              f"{w['worst'].get('recon_unit_excess_db', {}).get('value', float('nan')):.2f} dB at "
+              f"{w['worst'].get('recon_unit_excess_db', {}).get('where')}", flush=True)
     done = [r for r in rows if "pass_s" in r]
     summary = {"model": args.model, "baseline": str(base), "threads": args.threads, "checkpoints": len(done),
                "flagged_checkpoints": [r["recipe"] for r in done if r["flagged"]],
+               "flagged_without_record": [r["recipe"] for r in done if r["without_record"]["flagged"]],
                "max_pass_s": max((r["pass_s"] for r in done), default=None)}
     if args.model == "smollm2" and done:
         summary["eval_seconds"] = EVAL_SECONDS

@@ -21,6 +21,11 @@ shrinks the group's range to ``c * max|w|`` before quantization, chosen from
 scaled inputs over every calibration token). llm-awq has this step; llm-compressor's
 AWQModifier leaves it out.
 
+With ``clip_in_search`` each candidate ``s`` is scored with its clip ranges searched first
+(``Q`` becomes round to nearest of the clipped ``W diag(s)``): the ratio is then chosen for the
+weights that will be written, not for min-max ones, at the cost of one clip search (a small
+matrix product per candidate ratio and clip ratio) per candidate.
+
 The search returns data (``TransformResult``); ``apply`` folds the scales and clamps the
 weights. Quantization itself is the next step's (RTN or GPTQ).
 """
@@ -113,7 +118,8 @@ class AWQ(Transform):
     clip: bool = True               # the per-group clip search after the scales
     clip_grid: int = 20
     max_shrink: float = 0.5         # clip ratios searched down to 1 - max_shrink
-    clip_skip: tuple[str, ...] = ()  # linears (name suffixes) left out of the clip search, e.g. q/k
+    clip_skip: list[str] | None = None  # linears (name suffixes) left out of the clip search, e.g. q/k
+    clip_in_search: bool = False    # score each ratio with its clip ranges searched first (slower)
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
@@ -131,7 +137,7 @@ class AWQ(Transform):
         # clip ranges per group (a channel-wise grid would need an [in, in] Gram per linear)
         targets = {n: s.weights for n, (_, s) in ctx.targets.items()
                    if self.clip and s.weights is not None and s.weights.type == "int" and s.weights.strategy == "group"
-                   and not n.endswith(tuple(self.clip_skip))}
+                   and not n.endswith(tuple(self.clip_skip or ()))}
         linears = sorted({m.balance[0] for m in mappings} | set(targets))
         grams = {n: a.group_size for n, a in targets.items()}
         stats, replays = observe_layer(ctx, linears, [m.parent for m in mappings],
@@ -139,8 +145,9 @@ class AWQ(Transform):
         tensors: dict[str, torch.Tensor] = {}
         summary: dict[str, dict] = {}
         scales_of: dict[str, torch.Tensor] = {}      # per balance linear: the scales its inputs get
+        clip_of = {n: (minmax(a), stats[n].group_gram()) for n, a in targets.items()} if self.clip_in_search else {}
         for m in mappings:
-            s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replays[m.parent])
+            s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replays[m.parent], clip_of)
             tensors[f"scales.{m.smooth}"] = s
             summary[m.smooth] = info
             for b in m.balance:
@@ -168,16 +175,23 @@ class AWQ(Transform):
                 out.append(m)
         return out
 
-    def _search_mapping(self, ctx: LayerContext, m: SmoothMapping, st: ChannelStats, replay) -> tuple[torch.Tensor, dict]:
+    def _search_mapping(self, ctx: LayerContext, m: SmoothMapping, st: ChannelStats, replay,
+                        clip_of: dict[str, tuple[QuantArgs, torch.Tensor]] | None = None) -> tuple[torch.Tensor, dict]:
         lins: list[nn.Linear] = [ctx.targets[b][0] for b in m.balance]
         args = [minmax(ctx.targets[b][1].weights) for b in m.balance]
+        clips = [(clip_of or {}).get(b) for b in m.balance]
         originals = [lin.weight.data.clone() for lin in lins]
         x_mean = st.abs_mean
         w_mean = weight_salience(originals, args[0]) if self.duo_scaling else None
 
         def loss_with(s: torch.Tensor) -> float:
-            for lin, w, a in zip(lins, originals, args):
-                lin.weight.data = (fake_quantize_weight(w.float() * s[None, :], a) / s[None, :]).to(w.dtype)
+            for lin, w, a, clip in zip(lins, originals, args, clips):
+                ws = w.float() * s[None, :]
+                if clip is not None:   # the clip ranges this scaling would get (see search())
+                    inv = (1.0 / s).view(clip[1].shape[0], -1)
+                    gram = clip[1] * inv[:, :, None] * inv[:, None, :]
+                    ws = apply_clip(ws, clip_search(ws, gram, clip[0], self.clip_grid, self.max_shrink), a.symmetric)
+                lin.weight.data = (fake_quantize_weight(ws, a) / s[None, :]).to(w.dtype)
             return replay.loss()
 
         try:

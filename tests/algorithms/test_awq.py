@@ -89,6 +89,16 @@ def test_awq_beats_rtn_and_clip_helps(salient_llama, tmp_path):
     assert errors["awq"] < 0.95 * errors["noclip"], errors
 
 
+def test_scoring_each_ratio_with_its_clip_ranges_helps(salient_llama, tmp_path):
+    calib = random_ids(16, 64, seed=1)
+    errors = {}
+    for label, options in {"awq": {}, "joint": {"clip_in_search": True}}.items():
+        q = quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32,
+                                              "steps": [{"awq": options}, "rtn"]}, calibration=calib)
+        errors[label] = _block_errors(salient_llama, q.save(tmp_path / label))
+    assert errors["joint"] < 0.95 * errors["awq"], errors
+
+
 def test_saved_result_reapplies_to_the_same_checkpoint(salient_llama, tmp_path):
     calib = random_ids(16, 64, seed=1)
     first = quantkit.quantize(salient_llama, {"scheme": "W4A16", "group_size": 32, "steps": ["awq", "rtn"]},

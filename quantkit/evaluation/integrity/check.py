@@ -243,7 +243,7 @@ def _recorded_rows(cand_dir: Path, report: IntegrityReport) -> dict[str, torch.T
                             "rows compared with round to nearest and the quantizer's allowance")
         return {}
     if not rows:
-        report.notes.append("no recorded row errors (not written by this quantkit): rows and groups compared "
+        report.notes.append("no recorded row errors (written by another tool or an older quantkit): rows and groups compared "
                             "with round to nearest and the quantizer's allowance")
     return rows
 
@@ -264,8 +264,10 @@ def _natural(unit: str):
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", unit)]
 
 
-def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityReport:
+def check_checkpoint(base_dir: str | Path, cand_dir: str | Path, use_record: bool = True) -> IntegrityReport:
     """Check the quantized checkpoint ``cand_dir`` against the model folder ``base_dir``.
+
+    ``use_record=False`` ignores the conversion's row record (to see what the allowances alone say).
 
     >>> r = check_checkpoint("models/smollm2", "out/smollm2-w8a16")                 # doctest: +SKIP
     >>> [n for n, m in r.modules.items() if m["recon_unit_excess_db"] > 12]          # doctest: +SKIP
@@ -290,7 +292,7 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path) -> IntegrityRep
     stats = {n: s for n, s in ((log or {}).get("modules") or {}).items() if isinstance(s, dict)}
     quantized = _quantized_modules(config, groups, ignore)
     report = IntegrityReport()
-    rows = _recorded_rows(cand_dir, report)
+    rows = _recorded_rows(cand_dir, report) if use_record else {}
 
     def targets_of(layer: nn.Module, prefix: str):
         return {n: (m, s) for n, m in layer.named_modules() if (s := quantized.get(prefix + n, (None, None))[1])}
