@@ -33,7 +33,7 @@ import yaml
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import QuantkitError
-from .scheme import PRESETS, QuantScheme, with_group_size
+from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
 from .validation import build_options, checked_options, config, invalid, parse
 
 RECIPE_VERSION = 1
@@ -95,7 +95,7 @@ class Recipe:
     """
 
     groups: dict[StrictStr, QuantScheme]
-    ignore: tuple[StrictStr, ...] = ("lm_head",)
+    ignore: tuple[ModulePattern, ...] = ("lm_head",)
     steps: tuple[StepSpec, ...] = (StepSpec("rtn"),)
     calibration: CalibrationSettings = CalibrationSettings()
     output: OutputSettings = OutputSettings()
@@ -194,7 +194,8 @@ class Recipe:
                     raise QuantkitError(f"--group-size: {e}") from None
             r = dataclasses.replace(r, groups=groups)
         if ignore:
-            r = dataclasses.replace(r, ignore=tuple(dict.fromkeys(r.ignore + tuple(ignore))))
+            patterns = tuple(parse(ModulePattern, p, "--ignore") for p in ignore)
+            r = dataclasses.replace(r, ignore=tuple(dict.fromkeys(r.ignore + patterns)))
         calib = {}
         if num_samples is not None:
             calib["num_samples"] = num_samples
@@ -230,7 +231,7 @@ class _RecipeFile:
     scheme: QuantScheme | None = None  # a preset name or a mapping
     group_size: Annotated[StrictInt, Field(gt=0)] | None = None
     config_groups: dict[StrictStr, QuantScheme] | None = None
-    ignore: tuple[StrictStr, ...] = ("lm_head",)
+    ignore: tuple[ModulePattern, ...] = ("lm_head",)
     algorithm: Any = None  # a name or {name: ..., options...}: read by _entries
     steps: list[Any] | None = None  # names or {name: options}: read by _entries
     calibration: CalibrationSettings | None = None

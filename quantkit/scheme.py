@@ -14,9 +14,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Annotated, Any, Literal, Mapping, get_args
 
-from pydantic import Field, StrictBool, StrictInt, StrictStr, model_validator
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from .errors import QuantkitError
 from .formats.packing import PACKABLE_BITS
@@ -28,6 +29,20 @@ ActOrder = Literal["group", "weight"]
 STRATEGIES = get_args(Strategy)
 TYPES = get_args(QuantType)
 ACTORDERS = (None, *get_args(ActOrder))
+
+
+def _compiles(pattern: str) -> str:
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as e:
+            raise invalid(f"'{pattern}' is not a valid regular expression ({e})") from None
+    return pattern
+
+
+#: A module name, a class name, or ``re:<regex>`` on the name (compressed-tensors targets and
+#: ignore entries); a regex that does not compile is refused when the config is read.
+ModulePattern = Annotated[StrictStr, AfterValidator(_compiles)]
 
 
 @config
@@ -110,7 +125,7 @@ class QuantArgs:
 class QuantScheme:
     """Quantization of a set of modules: weights, input activations (optional)."""
 
-    targets: tuple[StrictStr, ...] = ("Linear",)
+    targets: tuple[ModulePattern, ...] = ("Linear",)
     weights: QuantArgs | None = None
     input_activations: QuantArgs | None = None
     output_activations: QuantArgs | None = None
@@ -133,6 +148,11 @@ class QuantScheme:
                 raise invalid("W8A8 weights must be per tensor or per channel", "weights.strategy")
             if w.type == "int" and not (a.symmetric and w.symmetric):
                 raise invalid("int8 W8A8 must be symmetric", "input_activations.symmetric")
+        if self.format == "pack-quantized" and not w.symmetric and w.strategy == "tensor":
+            # one zero point for the whole tensor: quantkit's packed layout has none (its
+            # zero points are packed per channel or group, as compressed-tensors packs them)
+            raise invalid("asymmetric weights need strategy 'channel' or 'group' in pack-quantized, "
+                          "not 'tensor'", "weights.strategy")
         if self.format == "pack-quantized" and w.num_bits not in PACKABLE_BITS:
             # codes of other widths would straddle the int32 words (formats/packing.py)
             widths = ", ".join(map(str, PACKABLE_BITS[:-1])) + f" or {PACKABLE_BITS[-1]}"

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import types
 import typing
 from typing import Any, Annotated, Mapping, TypeVar, Union, get_args, get_origin
@@ -65,6 +66,16 @@ def parse(cls: type[T], data: Any, where: str = "") -> T:
         raise QuantkitError(error_line(e, where, root=cls)) from None
 
 
+def check_flag(cls: type, key: str, value: Any, flag: str) -> Any:
+    """A command-line ``flag`` that stands for field ``key`` of ``cls``, checked as that field is.
+
+    >>> check_flag(EvalSection, "max_len", 0, "--max-len")
+    Traceback (most recent call last):
+    quantkit.errors.QuantkitError: --max-len: must be >= 16, got 0
+    """
+    return parse(typing.get_type_hints(cls, include_extras=True)[key], value, flag)
+
+
 def build_options(cls: type[T], options: Mapping[str, Any] | None, where: str) -> T:
     """An instance of the plain dataclass ``cls`` from recipe options, checked strictly.
 
@@ -110,6 +121,22 @@ def options_schema(cls: type) -> type:
 @functools.cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
+
+
+def json_object(text: str, where: str) -> dict:
+    """``text`` read as one JSON object (a config file, a JSONL line), or one line naming ``where``.
+
+    >>> json_object("[1]", "x.jsonl:3")
+    Traceback (most recent call last):
+    quantkit.errors.QuantkitError: x.jsonl:3: expected a JSON object, got list
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise QuantkitError(f"{where}: not JSON ({e.msg})") from None
+    if not isinstance(data, dict):
+        raise QuantkitError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 # -- the one line ----------------------------------------------------------------------------
