@@ -9,20 +9,27 @@ Example:
 
 from __future__ import annotations
 
+import json
+import logging
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
+from .device import check_device
 from .errors import QuantkitError
+from .formats.compressed_tensors import matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
 from .pipeline import PipelineResult, run_pipeline
 from .recipe import Recipe, load_recipe
-from .source import SafetensorsSource, StateDictSource, copy_side_files
+from .source import SafetensorsSource, StateDictSource, copy_side_files, read_config_json
+
+_logger = logging.getLogger("quantkit")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 @dataclass
@@ -32,6 +39,7 @@ class QuantizedModel:
     result: PipelineResult
     recipe: Recipe
     _saved: Path | None = None
+    warnings: list[str] = field(default_factory=list)  # also in quantization_log.json
 
     @property
     def path(self) -> Path:
@@ -79,9 +87,14 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
     if not folder.exists():
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")
     source = SafetensorsSource(folder)
+    qc = read_config_json(folder).get("quantization_config")
+    if qc is not None:
+        kind = qc.get("format") or qc.get("quant_method") if isinstance(qc, dict) else None
+        raise QuantkitError(f"{folder}: already quantized (config.json has a quantization_config"
+                            f"{f', {kind}' if kind else ''}); pass the original unquantized model")
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         raise QuantkitError(f"{folder / 'config.json'}: {str(e).splitlines()[0]}") from None
     return config, source, folder
 
@@ -94,8 +107,11 @@ def _as_dir(p) -> Path | None:
         return None
 
 
-def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, tokenizer_dir: Path | None):
-    """Token-id samples for the pipeline from a path, a list of texts, token lists, or the default."""
+def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, tokenizer_dir: Path | None,
+                        warn: Callable[[str], None] | None = None):
+    """Token-id samples for the pipeline from a path, a list of texts, token lists, or the default.
+
+    ``warn`` receives what the calibration reader reports (rows skipped, fewer samples)."""
     settings = recipe.calibration
     if source is None:
         source = settings.dataset
@@ -108,7 +124,7 @@ def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, 
     tok = _tokenizer(tokenizer_dir)
     from .calibration import load_calibration
 
-    return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed)
+    return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed, warn=warn)
 
 
 def _tokenizer(folder: Path | None):
@@ -116,33 +132,81 @@ def _tokenizer(folder: Path | None):
 
     if folder is None:
         raise QuantkitError("calibration: text samples need the model's tokenizer (no model folder known)")
-    return AutoTokenizer.from_pretrained(folder)
+    if not any((folder / f).exists() for f in TOKENIZER_FILES):
+        raise QuantkitError(f"{folder}: no tokenizer files ({', '.join(TOKENIZER_FILES)}), needed to "
+                            "tokenise the calibration text")
+    try:
+        return AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise QuantkitError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
 
 
 def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recipe | dict | None" = None,
-             calibration: "str | Path | Sequence | None" = None, *, workdir: str | Path | None = None,
-             device: str = "cpu", progress: Callable | None = None, log: Callable | None = None,
-             trust_remote_code: bool = False) -> QuantizedModel:
+             calibration: "str | Path | Sequence | None" = None, *, ignore: Sequence[str] = (),
+             workdir: str | Path | None = None, device: str = "cpu", progress: Callable | None = None,
+             log: Callable | None = None, trust_remote_code: bool = False) -> QuantizedModel:
     """Quantize a model layer by layer into a compressed-tensors checkpoint.
 
     ``model`` is a local Hugging Face folder, an in-memory transformers model, or ``None`` for the
     embedded default (SmolLM2-135M-Instruct). ``recipe`` is a Recipe, a YAML path, a shipped
     recipe name (``recipes/``) or a preset name. ``calibration`` is a path (sampler output
     folder, JSONL/CSV/Parquet log, text file), a list of texts or a list of token-id lists;
-    it is used only when the recipe needs data.
+    it is used only when the recipe needs data. ``ignore`` keeps more modules in high
+    precision (names or ``re:`` patterns, as ``--ignore``): each must match a Linear module.
+
+    What does not stop the run but should be known (malformed calibration rows skipped under
+    the limit, calibration given to a recipe that takes none, a recipe ``ignore`` entry that
+    matches nothing) goes to ``log`` as a ``warning: ...`` line (to the ``quantkit`` logger
+    without one) and into ``quantization_log.json`` under ``warnings``.
     """
-    recipe = load_recipe(recipe)
+    warnings: list[str] = []
+
+    def warn(message: str) -> None:
+        warnings.append(message)
+        if log is not None:
+            log(f"warning: {message}")
+        else:
+            _logger.warning(message)
+
+    check_device(device)
+    recipe = load_recipe(recipe).with_overrides(ignore=list(ignore))
     config, source, folder = resolve_model(model, trust_remote_code)
-    samples = None
-    if recipe.needs_calibration:
-        samples = resolve_calibration(calibration, recipe, folder)
-    writer = ShardWriter(workdir, recipe.output.max_shard_size)
     try:
-        result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log)
-        copy_side_files(folder, writer.tmp)
-    except BaseException:
-        writer.abort()
-        raise
+        check_ignore(config, recipe, ignore, warn)
+        samples = None
+        if recipe.needs_calibration:
+            samples = resolve_calibration(calibration, recipe, folder, warn)
+        elif calibration is not None:
+            warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
+                 f"{', '.join(s.name for s in recipe.steps)}; no static activation scales); not used")
+        writer = ShardWriter(workdir, recipe.output.max_shard_size)
+        try:
+            result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log)
+            copy_side_files(folder, writer.tmp)
+            _record_warnings(writer, warnings)
+        except BaseException:
+            writer.abort()
+            raise
     finally:
         source.close()
-    return QuantizedModel(result, recipe)
+    return QuantizedModel(result, recipe, warnings=warnings)
+
+
+def check_ignore(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:
+    """Each ``ignore`` entry must keep some Linear module of the model in high precision: one
+    given in ``required`` (``--ignore``) fails when it matches none, one from the recipe warns."""
+    from .pipeline.onload import build_skeleton
+
+    names = [n for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)]
+    for pattern in recipe.ignore:
+        if pattern == "lm_head" or any(matches(n, "Linear", pattern) for n in names):
+            continue
+        like = f" (its Linear modules are named like '{names[0]}')" if names else ""
+        if pattern in required:
+            raise QuantkitError(f"--ignore: '{pattern}' matches no Linear module of the model{like}")
+        warn(f"ignore: '{pattern}' matches no Linear module of the model, so it keeps nothing in high precision{like}")
+
+
+def _record_warnings(writer: ShardWriter, warnings: list[str]) -> None:
+    path = writer.tmp / "quantization_log.json"
+    writer.write_json(path.name, {**json.loads(path.read_text(encoding="utf-8")), "warnings": list(warnings)})

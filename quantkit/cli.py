@@ -59,12 +59,12 @@ def convert(
 
         # every recipe key, the eval: section included, is checked before any work
         r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
-            group_size, ignore, num_samples, max_seq_len, calib)
+            group_size, None, num_samples, max_seq_len, calib)
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
         typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]", err=True)
-        q = quantize(model, r, calib, workdir=out.parent, device=device, progress=_progress,
+        q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, device=device, progress=_progress,
                      log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
         s = q.summary()

@@ -16,6 +16,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import QuantkitError
+from .validation import json_object
 
 
 class SafetensorsSource:
@@ -110,6 +111,20 @@ class SafetensorsSource:
 
     def close(self) -> None:
         self._handles.clear()
+
+
+def read_config_json(folder: str | Path) -> dict:
+    """A model folder's ``config.json`` as a mapping, or one line naming the file and the fault."""
+    path = Path(folder) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QuantkitError(f"{path}: not found (is this a Hugging Face model folder?)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise QuantkitError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not text.strip():
+        raise QuantkitError(f"{path}: empty file, not a model config")
+    return json_object(text, str(path))
 
 
 class StateDictSource:

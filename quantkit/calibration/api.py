@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from quantkit.calibration.allocate import allocate
 from quantkit.calibration.config import SamplerConfig
 from quantkit.calibration.encoding import (encode_ids, special_affixes, tokenizer_fingerprint,
                                            truncate, with_affixes)
-from quantkit.calibration.io import RawLog, file_sha256, read_log
+from quantkit.calibration.io import Malformed, RawLog, file_sha256, read_log
 from quantkit.calibration.manifest import build_manifest, coverage_warnings
 from quantkit.calibration.render import Row, RowError, chat_renderer, render_record
 from quantkit.calibration.report import report_html, report_json, report_markdown
@@ -127,32 +127,43 @@ def _check_malformed(path: Path, raw: RawLog, rows_read: int, valid: int, cfg: S
 
 
 def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int, max_seq_len: int,
-                     seed: int = 0) -> list[list[int]]:
+                     seed: int = 0, warn: Callable[[str], None] | None = None) -> list[list[int]]:
     """Token ids for calibration, BOS rules applied, each at most ``max_seq_len`` long.
 
     ``source``: a sampler output folder (its saved samples are used: a stratified subset when
     fewer are asked for), a JSONL/CSV/Parquet/.txt log or HF datasets folder (sampled on the
     fly with the default policy), or ``None``/``"default"`` for the embedded default log.
+    ``warn`` receives one line for each thing the caller should know (malformed rows skipped
+    under the limit, fewer samples than asked, another tokenizer); default: this module's logger.
 
     Example:
         >>> ids = load_calibration("calib/", tok, num_samples=128, max_seq_len=2048, seed=0)  # doctest: +SKIP
     """
+    warn = warn or log.warning
     tok = resolve_tokenizer(tokenizer)
     if source is None or str(source) == "default":
         source = default_log_path()
     path = Path(source)
     if not is_sampler_output(path):
         cfg = SamplerConfig(num_samples=num_samples, max_len=max_seq_len, seed=seed)
-        return calibrate(path, tok, cfg).input_ids
+        res = calibrate(path, tok, cfg)
+        bad = res.manifest["malformed"]
+        skipped = Malformed({r: d["count"] for r, d in bad.items()}, {r: d["first_lines"] for r, d in bad.items()})
+        if skipped.total:
+            warn(f"{path}: {skipped.total} of {res.manifest['counts']['rows_read']} rows malformed and skipped "
+                 f"(under the {100 * cfg.max_malformed_share:g}% limit): {skipped.summary()}")
+        if len(res.samples) < num_samples:
+            warn(f"{path}: {len(res.samples)} samples drawn, {num_samples} asked (the log has no more distinct rows)")
+        return res.input_ids
     manifest, samples = read_output(path)
     chosen = _stratified_subset(samples, num_samples, seed)
     if len(chosen) < num_samples:
-        log.warning("%s: holds %d samples, %d asked; using all", path, len(chosen), num_samples)
+        warn(f"{path}: holds {len(chosen)} samples, {num_samples} asked; using all")
     affixes = special_affixes(tok)
     same_tok = manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tok)["sha256"]
     if not same_tok:
-        log.warning("%s: sampled with another tokenizer (%s); re-tokenising its texts", path,
-                    manifest["tokenizer"]["name_or_path"])
+        warn(f"{path}: sampled with another tokenizer ({manifest['tokenizer']['name_or_path']}); "
+             "re-tokenising its texts")
     saved_len = manifest["config"]["max_len"]
     out = []
     for s in chosen:

@@ -203,7 +203,11 @@ def _read_parquet(path: Path, malformed: Malformed) -> list[tuple[int, dict[str,
 def _read_hf_dataset(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, Any]]]:
     import datasets
 
-    ds = datasets.load_from_disk(str(path))
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:  # a partial or foreign folder
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise QuantkitError(f"{path}: not a readable HF datasets folder ({first})") from None
     if isinstance(ds, datasets.DatasetDict):
         splits = list(ds.keys())
         if "train" in ds:
