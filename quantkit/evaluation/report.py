@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..formats.writer import ordinary_permissions
+
 SCHEMA_VERSION = 1
 TABLE_MEASURES = ("tokens", "ppl_base", "ppl_cand", "ppl_increase", "kl_mean", "top1_agreement",
                   "focus_kl_mean", "focus_top1_agreement", "kl_worst_bucket", "gen_agreement",
@@ -437,11 +439,11 @@ def save(result, out_dir: Path) -> Path:
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; a report folder is for reading
     try:
         (tmp / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
+        ordinary_permissions(tmp)  # mkdtemp makes it private; a report folder is for reading
         if out_dir.exists():
             shutil.rmtree(out_dir)
         os.replace(tmp, out_dir)

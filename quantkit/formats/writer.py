@@ -20,11 +20,50 @@ from ..errors import QuantkitError
 
 
 def prepare_output(out: Path, overwrite: bool) -> None:
-    """Fail before any work when the destination exists and may not be replaced."""
+    """Fail before any work when the destination exists and may not be replaced, or cannot be made."""
+    out = Path(out)
     if out.exists() and not overwrite:
         raise QuantkitError(f"{out}: output folder exists (use --overwrite to replace it)")
     if out.exists() and not out.is_dir():
         raise QuantkitError(f"{out}: exists and is not a folder")
+    check_parent(out)
+
+
+def check_parent(out: Path) -> None:
+    """Fail when the folder ``out`` could not be created: a file stands where a parent folder
+    should, or the nearest existing parent refuses a new folder (read-only, no permission).
+    The probe folder it makes there is removed at once."""
+    parent = Path(os.path.abspath(out)).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise QuantkitError(f"{out}: cannot create the output folder: {parent} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".quantkit-probe-", dir=parent))
+    except OSError as e:
+        raise QuantkitError(f"{out}: cannot create the output folder in {parent} ({e.strerror or e})") from None
+
+
+def ordinary_permissions(root: Path) -> None:
+    """Give ``root`` and everything under it the modes a plain ``mkdir`` / ``open`` gives (0777 /
+    0666 less the umask): ``tempfile.mkdtemp`` makes folders 0700 and safetensors writes its
+    files 0600, which a serving process running as another user could not read."""
+    mask = current_umask()
+    for p in [Path(root), *Path(root).rglob("*")]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+def current_umask() -> int:
+    try:  # Linux >= 4.7 reports it; os.umask can only read it by setting it for a moment
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class ShardWriter:
@@ -98,6 +137,7 @@ def move_into_place(tmp: Path, out: Path, overwrite: bool) -> Path:
         shutil.rmtree(staged)
         shutil.copytree(tmp, staged)
         shutil.rmtree(tmp, ignore_errors=True)
+    ordinary_permissions(staged)
     old = None
     if out.exists():
         old = out.with_name(f".{out.name}.old-{os.getpid()}")
