@@ -7,7 +7,10 @@ from typing import Optional
 
 import typer
 
+from ..device import check_device
 from ..errors import QuantkitError
+from ..formats.writer import check_parent
+from ..validation import check_flag
 
 
 def _fail(msg: str) -> None:
@@ -40,8 +43,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     from .integrity import check_checkpoint
     from .languages import language_gate
     from .plan import plan
-    from .section import check_eval_section, suite_options
+    from .section import EvalSection, check_eval_section, suite_options
 
+    check_device(device)
     section = check_eval_section(eval_section)
     options = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
@@ -50,7 +54,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     from .slices import load_suite
     suite = suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
-    max_len = int(max_len or section.get("max_len") or 4096)
+    if max_len is not None:
+        check_flag(EvalSection, "max_len", max_len, "--max-len")
+    max_len = max_len if max_len is not None else section.get("max_len") or 4096
     gate = (language_gate(languages, base_dir) if languages else
             language_gate(section.get("languages"), base_dir, explicit_source="eval.languages"))
     tok = load_tokenizer(cand_dir, base_dir)
@@ -138,6 +144,8 @@ def eval_command(
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     try:
         tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
+        if out is not None or Path(candidate).is_dir():
+            check_parent(out or Path(candidate) / "eval")  # a report that cannot be written fails now
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,

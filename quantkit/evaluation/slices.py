@@ -16,11 +16,11 @@ see languages.py for which languages gate the verdict.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
+from ..validation import json_object
 from .languages import slice_language
 
 KINDS = {"text": ("text",), "mc": ("question", "choices", "answer"),
@@ -85,19 +85,23 @@ def read_slice(path: Path, name: str | None = None, public: bool = True) -> Slic
     if not path.exists():
         raise QuantkitError(f"{path}: slice file not found")
     items = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise QuantkitError(f"{path}:{n}: not JSON ({e.msg})") from None
-            item.setdefault("id", f"{path.stem}-{n}")
-            _check_item(item, f"{path}:{n}")
-            items.append(item)
+    for n, item in _objects(path):
+        item.setdefault("id", f"{path.stem}-{n}")
+        _check_item(item, f"{path}:{n}")
+        items.append(item)
+    if not items:
+        raise QuantkitError(f"{path}: no items (an empty slice measures nothing)")
     name = name or path.stem
     return Slice(name, items, public=public, long_context=name.startswith("long-"), source=str(path))
+
+
+def _objects(path: Path) -> list[tuple[int, dict]]:
+    """The JSON objects of a JSONL file with their 1-based line numbers; any other line fails."""
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")  # JSON text may hold U+2028: not a line break
+    except UnicodeDecodeError as e:
+        raise QuantkitError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    return [(n, json_object(line, f"{path}:{n}")) for n, line in enumerate(lines, 1) if line.strip()]
 
 
 def load_suite(suite: str | list[str] = "default", root: Path | None = None) -> list[Slice]:
@@ -108,7 +112,10 @@ def load_suite(suite: str | list[str] = "default", root: Path | None = None) -> 
     """
     root = Path(root) if root else eval_dir() / "slices"
     if isinstance(suite, str) and Path(suite).is_dir():
-        return [read_slice(p) for p in sorted(Path(suite).glob("*.jsonl"))]
+        files = sorted(Path(suite).glob("*.jsonl"))
+        if not files:
+            raise QuantkitError(f"--suite: {suite} holds no .jsonl slice files")
+        return [read_slice(p) for p in files]
     names = list(DEFAULT_SUITE) if suite == "default" else (
         [s.strip() for s in suite.split(",") if s.strip()] if isinstance(suite, str) else list(suite))
     out = []
@@ -128,22 +135,17 @@ def business_slices(log: str | Path, max_per_task: int = 16) -> list[Slice]:
     if not path.exists():
         raise QuantkitError(f"{path}: calibration log not found")
     groups: dict[str, list[dict]] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise QuantkitError(f"{path}:{n}: not JSON ({e.msg})") from None
-            text = row.get("text") or "\n".join(str(row[k]) for k in ("prompt", "response") if row.get(k))
-            if not text and isinstance(row.get("messages"), list):
-                text = "\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict))
-            if not text:
-                raise QuantkitError(f"{path}:{n}: row has no 'text', 'prompt'/'response' or 'messages'")
-            task = str(row.get("task_type") or row.get("task") or "all")
-            bucket = groups.setdefault(task, [])
-            if len(bucket) < max_per_task:
-                bucket.append({"id": f"row-{n}", "kind": "text", "text": text})
+    for n, row in _objects(path):
+        text = row.get("text") or "\n".join(str(row[k]) for k in ("prompt", "response") if row.get(k))
+        if not text and isinstance(row.get("messages"), list):
+            text = "\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict))
+        if not text:
+            raise QuantkitError(f"{path}:{n}: row has no 'text', 'prompt'/'response' or 'messages'")
+        if not isinstance(text, str):
+            raise QuantkitError(f"{path}:{n}: 'text' must be a string, got {type(text).__name__}")
+        task = str(row.get("task_type") or row.get("task") or "all")
+        bucket = groups.setdefault(task, [])
+        if len(bucket) < max_per_task:
+            bucket.append({"id": f"row-{n}", "kind": "text", "text": text})
     return [Slice(f"business:{t}", items, public=False, source=str(path))
             for t, items in sorted(groups.items())]
