@@ -5,6 +5,8 @@ Example:
     >>> q = quantkit.quantize("path/to/hf-model", "w4a16-g64")
     >>> q.save("out/model-w4a16")
     >>> model = quantkit.load("out/model-w4a16")
+    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-gptq", "calib/", out="out/m", resume=True)  # doctest: +SKIP
+    >>> q.save()                                       # continues a killed run of out/m, if any
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from torch import nn
 
 from .device import check_device
 from .errors import QuantkitError
+from .formats import staging
 from .formats.compressed_tensors import matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
 from .pipeline import PipelineResult, run_pipeline
+from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
 from .source import SafetensorsSource, StateDictSource, copy_side_files, read_config_json
 
@@ -40,12 +44,16 @@ class QuantizedModel:
     recipe: Recipe
     _saved: Path | None = None
     warnings: list[str] = field(default_factory=list)  # also in quantization_log.json
+    out: Path | None = None       # the folder given to quantize(out=...): save()'s default
 
     @property
     def path(self) -> Path:
         return self._saved or self.result.path
 
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+    def save(self, out: str | Path | None = None, overwrite: bool = False) -> Path:
+        out = out if out is not None else self.out
+        if out is None:
+            raise QuantkitError("save: no output folder (pass one, or out= to quantize)")
         if self._saved is not None:
             raise QuantkitError(f"{out}: already saved to {self._saved}")
         self._saved = move_into_place(self.result.path, Path(out), overwrite)
@@ -141,9 +149,19 @@ def _tokenizer(folder: Path | None):
         raise QuantkitError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
 
 
+class ConversionInterrupted(KeyboardInterrupt):
+    """A resumable run stopped by SIGINT (or SIGTERM, which the CLI turns into it): its staging
+    folder is kept, and the same call with ``resume=True`` continues it."""
+
+    def __init__(self, folder: Path, layers_done: int, num_layers: int):
+        super().__init__(f"interrupted after {layers_done} of {num_layers} layers; staging folder {folder} kept")
+        self.folder, self.layers_done, self.num_layers = folder, layers_done, num_layers
+
+
 def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recipe | dict | None" = None,
              calibration: "str | Path | Sequence | None" = None, *, ignore: Sequence[str] = (),
-             workdir: str | Path | None = None, device: str = "cpu", progress: Callable | None = None,
+             workdir: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
+             device: str = "cpu", progress: Callable | None = None,
              log: Callable | None = None, trust_remote_code: bool = False) -> QuantizedModel:
     """Quantize a model layer by layer into a compressed-tensors checkpoint.
 
@@ -158,6 +176,15 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     the limit, calibration given to a recipe that takes none, a recipe ``ignore`` entry that
     matches nothing) goes to ``log`` as a ``warning: ...`` line (to the ``quantkit`` logger
     without one) and into ``quantization_log.json`` under ``warnings``.
+
+    ``out``: the folder the checkpoint is for (``save()``'s default). The staging folder then
+    goes beside it (or in ``workdir``) and records each finished layer, so that a killed run
+    can be continued: the same call with ``resume=True`` starts from its last complete layer
+    and gives the bytes an uninterrupted run gives (``pipeline/resume.py``); when the model,
+    recipe, calibration set or quantkit differ it starts afresh with a warning saying why.
+    Dead runs' staging folders for ``out`` are removed (or continued), live ones never touched.
+    Interrupted (KeyboardInterrupt) once a layer is done, it keeps the staging folder and
+    raises ``ConversionInterrupted``; any other failure removes it.
     """
     warnings: list[str] = []
 
@@ -170,6 +197,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
 
     check_device(device)
     recipe = load_recipe(recipe).with_overrides(ignore=list(ignore))
+    if resume and out is None:
+        raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
     config, source, folder = resolve_model(model, trust_remote_code)
     try:
         check_ignore(config, recipe, ignore, warn)
@@ -179,17 +208,39 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         elif calibration is not None:
             warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
                  f"{', '.join(s.name for s in recipe.steps)}; no static activation scales); not used")
-        writer = ShardWriter(workdir, recipe.output.max_shard_size)
+        book: RunBook | None = None
+        if out is not None:
+            out = Path(out)
+            book = open_run(Path(workdir) if workdir is not None else out.parent, out,
+                            run_keys(recipe, config, source, samples, device), resume,
+                            recipe.calibration.offload, say=log or _stderr, warn=warn)
+            tmp = book.folder
+        else:
+            tmp = staging.make_folder(Path(workdir) if workdir is not None else Path(tempfile.gettempdir()))
+        writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp)
         try:
-            result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log)
+            result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
+                                  book=book)
             copy_side_files(folder, writer.tmp)
             _record_warnings(writer, warnings)
+            shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
+        except KeyboardInterrupt:
+            if book is not None and book.layers_done > 0:
+                raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
+            writer.abort()
+            raise
         except BaseException:
             writer.abort()
             raise
     finally:
         source.close()
-    return QuantizedModel(result, recipe, warnings=warnings)
+    return QuantizedModel(result, recipe, warnings=warnings, out=out)
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
 
 
 def check_ignore(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:

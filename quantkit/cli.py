@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,11 +47,24 @@ def convert(
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (overrides the recipe)."),
     max_seq_len: Optional[int] = typer.Option(None, "--max-seq-len", help="Calibration sequence length (overrides the recipe)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the output folder if it exists."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted conversion to --out from its last "
+                                "complete layer (same bytes as an uninterrupted run); starts afresh, saying why, "
+                                "when the model, recipe, calibration or quantkit differ."),
     device: str = typer.Option("cpu", "--device", help="Device for the per-layer work (cpu, cuda)."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation report after converting."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model folder."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
+    terminated: list[int] = []
+
+    def on_sigterm(signum, frame):   # cleans up as Ctrl-C does
+        terminated.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:   # not the main thread (an embedding application): leave its handler
+        previous = None
     try:
         from .api import quantize
         from .evaluation.section import check_eval_section
@@ -64,7 +78,8 @@ def convert(
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
         typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]", err=True)
-        q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, device=device, progress=_progress,
+        q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
+                     device=device, progress=_progress,
                      log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
         s = q.summary()
@@ -77,6 +92,22 @@ def convert(
             _maybe_eval(model, path, r)
     except QuantkitError as e:
         _fail(str(e))
+    except KeyboardInterrupt as e:
+        _interrupted(e, signal.SIGTERM if terminated else signal.SIGINT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
+    from .api import ConversionInterrupted
+
+    if isinstance(e, ConversionInterrupted):
+        typer.echo(f"interrupted ({sig.name}) after {e.layers_done} of {e.num_layers} layers; {e.folder} is kept: "
+                   "rerun the same command with --resume to continue (without it, the folder is removed)", err=True)
+    else:
+        typer.echo(f"interrupted ({sig.name})", err=True)
+    raise typer.Exit(code=128 + sig)
 
 
 def _maybe_eval(model, path: Path, recipe) -> None:

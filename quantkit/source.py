@@ -76,6 +76,10 @@ class SafetensorsSource:
         except Exception as e:  # safetensors raises its own error types
             raise QuantkitError(f"{f}: not a valid safetensors file, truncated or corrupt ({e})") from None
 
+    def files(self) -> list[Path]:
+        """The shard files the tensors come from."""
+        return sorted(set(self._where.values()))
+
     def keys(self) -> Iterable[str]:
         return self._where.keys()
 

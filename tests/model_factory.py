@@ -51,3 +51,19 @@ def make_outlier_llama_dir(path: Path, outliers: int, factor: float, spread: flo
 def random_ids(n: int = 2, length: int = 24, vocab: int = 256, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (n, length), generator=g).tolist()
+
+
+def save_byte_tokenizer(path: Path) -> Path:
+    """A byte-level tokenizer with no merges (ids 0-255, ``<eos>`` = 256) saved into ``path``,
+    so a tiny model folder takes text calibration through the CLI; its vocab fits 260."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {c: i for i, c in enumerate(sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>").save_pretrained(path)
+    return path

@@ -3,6 +3,10 @@
 Tensors are added as each layer finishes and flushed into shards of bounded size, so the
 writer never holds more than one shard. Everything goes into a temporary folder beside the
 destination; ``commit`` renames it into place only when the checkpoint is complete.
+
+A resumable run (``pipeline/resume.py``) saves, at each layer boundary, the pending tensors
+not yet in a shard as a part file (``save_pending``); ``state`` and ``restore`` carry the
+writer across a restart, so the resumed run flushes the same shards at the same points.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
+from ..crashpoints import kill_point
 from ..errors import QuantkitError
 
 
@@ -68,11 +73,13 @@ def current_umask() -> int:
 
 class ShardWriter:
     def __init__(self, workdir: Path | None = None, max_shard_size: int = 2 * 1024**3,
-                 flush_bytes: int = 64 * 1024**2):
+                 flush_bytes: int = 64 * 1024**2, folder: Path | None = None):
+        """``folder``: an existing staging folder to write into (``formats.staging``); else a new
+        temporary one in ``workdir``."""
         base = Path(workdir) if workdir is not None else None
         if base is not None:
             base.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=".quantkit-tmp-", dir=base))
+        self.tmp = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix=".quantkit-tmp-", dir=base))
         self.max_shard_size = max_shard_size
         # Pending tensors are written out at the end of a unit (a layer) once they exceed
         # this, so resident memory stays bounded whatever the model's depth.
@@ -81,6 +88,9 @@ class ShardWriter:
         self._pending_bytes = 0
         self._shards: list[tuple[Path, list[str]]] = []
         self.total_bytes = 0
+        self._parts: list[str] = []      # part files holding the pending tensors saved so far
+        self._saved: set[str] = set()    # pending tensors already in a part file
+        self._next_part = 0
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         t = tensor.detach().to("cpu").contiguous()
@@ -96,17 +106,45 @@ class ShardWriter:
         if self._pending_bytes >= self.flush_bytes:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, last: bool = False) -> None:
         if not self._pending:
             return
         path = self.tmp / f"shard-{len(self._shards):05d}.safetensors"
         save_file(self._pending, str(path), metadata={"format": "pt"})
+        kill_point("shard:last" if last else f"shard:{len(self._shards)}", partial=path)
         self._shards.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
+        self._parts, self._saved = [], set()
+
+    def save_pending(self, folder: Path) -> None:
+        """Save the pending tensors not yet saved as ``folder/part-NNNNN.safetensors``."""
+        new = {k: t for k, t in self._pending.items() if k not in self._saved}
+        if not new:
+            return
+        name = f"part-{self._next_part:05d}.safetensors"
+        save_file(new, str(Path(folder) / name))
+        self._parts.append(name)
+        self._saved.update(new)
+        self._next_part += 1
+
+    def state(self) -> dict:
+        """What ``restore`` needs (JSON): the shards written, the part files of pending tensors."""
+        return {"shards": [[p.name, names] for p, names in self._shards], "parts": list(self._parts),
+                "next_part": self._next_part, "total_bytes": self.total_bytes}
+
+    def restore(self, state: dict, folder: Path) -> None:
+        """Continue from ``state``: its shards are in ``self.tmp``, its part files in ``folder``."""
+        self._shards = [(self.tmp / name, list(names)) for name, names in state["shards"]]
+        self._pending = {}
+        for part in state["parts"]:
+            self._pending.update(load_file(str(Path(folder) / part)))
+        self._pending_bytes = sum(t.numel() * t.element_size() for t in self._pending.values())
+        self._parts, self._saved = list(state["parts"]), set(self._pending)
+        self._next_part, self.total_bytes = state["next_part"], state["total_bytes"]
 
     def finalize(self) -> None:
         """Name the shards as transformers expects and write the index when sharded."""
-        self.flush()
+        self.flush(last=True)
         n = len(self._shards)
         if n == 1:
             self._shards[0][0].rename(self.tmp / "model.safetensors")

@@ -12,14 +12,15 @@ For each decoder layer:
 4. propagate: the calibration batches run through the final layer to give the next layer's
    inputs and the static activation scales (skipped when the quantizer's own pass did it);
 5. write every tensor of the layer from the layer in memory (packed targets, transformed
-   norms and biases), then free it.
+   norms and biases), then free it;
+6. with a ``RunBook`` (a run for an output folder), commit the layer boundary, so a killed
+   run can continue from here with the same bytes (``resume.py``).
 """
 
 from __future__ import annotations
 
 import gc
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,8 +31,10 @@ from torch import nn
 
 from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult, build_algorithm
 from ..arch import ArchSpec, arch_for
+from ..crashpoints import kill_point
 from ..errors import QuantkitError
 from ..formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from ..formats.staging import RUN_DIR
 from ..formats.writer import ShardWriter
 from ..primitives import calculate_qparams
 from ..recipe import Recipe
@@ -42,6 +45,7 @@ from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
+from .resume import ACTIVATIONS, Boundary, LayerLog, RunBook
 from .store import ActivationStore
 
 
@@ -112,8 +116,12 @@ def _no_data(**_: Any) -> None:
 
 def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None, writer: ShardWriter,
                  device: str = "cpu", progress: Callable[[Iterable, int], Iterable] | None = None,
-                 log: Callable[[str], None] | None = None) -> PipelineResult:
-    """Quantize the model described by ``config`` whose tensors come from ``source``."""
+                 log: Callable[[str], None] | None = None, book: RunBook | None = None) -> PipelineResult:
+    """Quantize the model described by ``config`` whose tensors come from ``source``.
+
+    ``book``: commit each layer boundary into the staging folder; with ``book.resumed``,
+    continue from that boundary (the writer, log and hidden states as they were there).
+    """
     t0 = time.time()
     arch_name, spec = arch_for(config)
     model = build_skeleton(config)
@@ -124,98 +132,117 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     if needs_data and not samples:
         raise QuantkitError("calibration: this recipe needs calibration data (a step or static activations)")
 
-    # Non-layer tensors (embeddings, final norm, lm_head): copied unchanged.
-    layer_prefix = spec.layers + "."
-    for k in [k for k in source.keys() if not k.startswith(layer_prefix)]:
-        writer.add(k, source.get(k))
-        writer.end_unit()  # embeddings can be GBs: do not hold several at once
+    at = book.resumed if book is not None else None
+    start = at.layers_done if at is not None else 0
+    if at is None:
+        # Non-layer tensors (embeddings, final norm, lm_head): copied unchanged.
+        layer_prefix = spec.layers + "."
+        for k in [k for k in source.keys() if not k.startswith(layer_prefix)]:
+            writer.add(k, source.get(k))
+            writer.end_unit()  # embeddings can be GBs: do not hold several at once
+    else:
+        writer.restore(at.writer, book.run_dir)
     source.release()
 
     passes: CalibrationPasses | None = None
-    offload_dir: Path | None = None
-    single_pass = False
-    if needs_data:
-        passes, single_pass, offload_dir = _prepare_calibration(model, config, source, spec, recipe, samples,
-                                                                writer, device, log)
-    stats: dict[str, dict[str, Any]] = {}
-    transform_log: dict[str, dict[str, Any]] = {}
-    groups_used: dict[str, QuantScheme] = {}
-    formats: dict[str, int] = {}
+    offload_dir = writer.tmp / RUN_DIR / ACTIVATIONS if needs_data and recipe.calibration.offload else None
+    single_pass, batch_tokens = False, None
+    if needs_data and start < len(layers):
+        passes, single_pass, batch_tokens = _prepare_calibration(model, config, source, spec, recipe, samples,
+                                                                 offload_dir, device, log, at, book)
+    lg = at.log if at is not None else LayerLog()
+    if book is not None:
+        if at is None:
+            book.commit(0, len(layers), writer, None, lg, batch_tokens)
+        else:
+            book.restore_rng()
     num_tokens = num_tokens_of(samples)
-    iterator: Iterable[int] = range(len(layers))
+    iterator: Iterable[int] = range(start, len(layers))
     if progress is not None:
-        iterator = progress(iterator, len(layers))
-    try:
-        for i in iterator:
-            layer, prefix = layers[i], f"{spec.layers}.{i}."
-            materialize(layer, prefix, source, device)
-            targets = layer_targets(layer, prefix, recipe)
-            for _, s in targets.values():
-                groups_used.update({g: sc for g, sc in recipe.groups.items() if sc is s})
-            ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
-                           len(samples or []), num_tokens)
+        iterator = progress(iterator, len(layers) - start)
+    for i in iterator:
+        kill_point(f"layer:{i}")
+        layer, prefix = layers[i], f"{spec.layers}.{i}."
+        materialize(layer, prefix, source, device)
+        targets = layer_targets(layer, prefix, recipe)
+        for _, s in targets.values():
+            lg.groups.extend(g for g, sc in recipe.groups.items() if sc is s and g not in lg.groups)
+        ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
+                       len(samples or []), num_tokens)
 
-            found = _run_transforms(ctx, transforms, writer.tmp)
-            if found:
-                transform_log[ctx.name] = {key: r.summary for key, r in found.items()}
-            # the weights the quantizer is given (GPTQ updates its working copy in place), for the row record
-            given = {name: m.weight.data.clone() for name, (m, _) in targets.items()}
-            results = quantizer.quantize_layer(ctx)
-            missing = set(targets) - set(results)
-            if missing:
-                raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
-            # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own;
-            # first what the quantizer left per row, in float32 as the integrity pass decodes
-            rows = {}
-            for name, (m, s) in targets.items():
-                rows[prefix + name] = residuals.row_errors(given.pop(name), results[name].dequantized(s.weights, torch.float32))
-                m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
-            residuals.save_layer(writer.tmp, i, rows)
-            observed: dict[str, torch.Tensor] = {}
-            if passes is not None:
-                if not ctx.propagated:
-                    passes.run(layer, i, propagate=True, observe=targets, observed=observed)
-                else:
-                    observed = ctx.observed
-                passes.hidden.advance()
+        found = _run_transforms(ctx, transforms, writer.tmp)
+        if found:
+            lg.transforms[ctx.name] = {key: r.summary for key, r in found.items()}
+        # the weights the quantizer is given (GPTQ updates its working copy in place), for the row record
+        given = {name: m.weight.data.clone() for name, (m, _) in targets.items()}
+        results = quantizer.quantize_layer(ctx)
+        missing = set(targets) - set(results)
+        if missing:
+            raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
+        # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own;
+        # first what the quantizer left per row, in float32 as the integrity pass decodes
+        rows = {}
+        for name, (m, s) in targets.items():
+            rows[prefix + name] = residuals.row_errors(given.pop(name), results[name].dequantized(s.weights, torch.float32))
+            m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
+        residuals.save_layer(writer.tmp, i, rows)
+        observed: dict[str, torch.Tensor] = {}
+        if passes is not None:
+            if not ctx.propagated:
+                passes.run(layer, i, propagate=True, observe=targets, observed=observed)
+            else:
+                observed = ctx.observed
+            passes.hidden.advance()
 
-            _write_layer(writer, prefix, layer, targets, results, observed, stats, formats)
-            dematerialize(layer)
-            del results, targets, ctx
-            writer.end_unit()
-            source.release()
-            gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
-    finally:
-        if offload_dir is not None:
-            shutil.rmtree(offload_dir, ignore_errors=True)
+        _write_layer(writer, prefix, layer, targets, results, observed, lg.stats, lg.formats)
+        dematerialize(layer)
+        del results, targets, ctx
+        writer.end_unit()
+        if book is not None:
+            book.commit(i + 1, len(layers), writer, passes.hidden if passes is not None else None, lg,
+                        batch_tokens)
+        source.release()
+        gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
+    # inside the staging folder: on failure it goes with it, or stays for --resume
+    if offload_dir is not None:
+        shutil.rmtree(offload_dir, ignore_errors=True)
 
     ignore = [n for n, m in model.named_modules()
               if isinstance(m, nn.Linear) and scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None]
+    groups_used = {g: recipe.groups[g] for g in lg.groups}
     cfg = config.to_dict()
     cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore)
     writer.write_json("config.json", cfg)
     quant_log: dict[str, Any] = {
         "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": arch_name,
         "calibration": {"num_samples": len(samples or []), "num_tokens": num_tokens},
-        "modules": stats,
+        "modules": lg.stats,
     }
-    if transform_log:
-        quant_log["transforms"] = transform_log
+    if lg.transforms:
+        quant_log["transforms"] = lg.transforms
     writer.write_json("quantization_log.json", quant_log)
     writer.finalize()
     return PipelineResult(writer.tmp, source.nbytes(), writer.total_bytes, time.time() - t0,
-                          peak_rss_bytes(), len(stats), len(layers), stats, formats)
+                          peak_rss_bytes(), len(lg.stats), len(layers), lg.stats, lg.formats)
 
 
-def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, samples, writer: ShardWriter,
-                         device: str, log) -> tuple[CalibrationPasses, bool, Path | None]:
-    """Capture every layer's calibration inputs; the embeddings are onloaded for it."""
+def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, samples, offload_dir: Path | None,
+                         device: str, log, at: Boundary | None,
+                         book: RunBook | None) -> tuple[CalibrationPasses, bool, int]:
+    """Capture every layer's calibration inputs; the embeddings are onloaded for it.
+
+    A resumed run (``at``) recaptures the call arguments (a cheap embedding pass) but takes the
+    hidden states entering its first layer from the boundary, and the batch size it used.
+    """
     layer_prefix = spec.layers + "."
     outer = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
     model.load_state_dict({n: source.get(n) for n in outer if n in source}, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
-    batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
+    if at is not None and at.batch_tokens is not None:
+        batch_tokens = at.batch_tokens   # auto_batch_tokens reads the free memory: it can differ now
+    else:
+        batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
     chunks = make_chunks(samples, min(batch_tokens, _batches.MICRO_BATCH_TOKENS), packed=spec.packed_calibration)
     # the whole set in memory at once: an interleaved pass can run (LayerContext)
     single_pass = sum(c.input_ids.numel() for c in chunks) <= batch_tokens
@@ -225,11 +252,19 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
             f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
             f"{', all in one pass' if single_pass else ''}")
     first, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
-    offload_dir = None
-    if recipe.calibration.offload:
-        offload_dir = Path(tempfile.mkdtemp(prefix=".quantkit-activations-", dir=writer.tmp.parent))
-    hidden = ActivationStore(first, offload_dir, device)
-    return CalibrationPasses(chunks, hidden, args_per_layer, kwargs_per_layer), single_pass, offload_dir
+    if offload_dir is not None:
+        offload_dir.mkdir(parents=True, exist_ok=True)
+    start = at.layers_done if at is not None else 0
+    if start == 0:
+        hidden = ActivationStore(first, offload_dir, device)
+    elif offload_dir is not None:
+        hidden = ActivationStore.on_disk(offload_dir, len(first), start, device)
+    else:
+        hidden = ActivationStore(book.hidden_states(device), None, device, generation=start)
+    if hidden.count != len(first):
+        raise RuntimeError(f"resume: {hidden.count} saved calibration batches, {len(first)} now")
+    del first
+    return CalibrationPasses(chunks, hidden, args_per_layer, kwargs_per_layer), single_pass, batch_tokens
 
 
 def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, config, passes: CalibrationPasses | None,

@@ -13,15 +13,28 @@ class ActivationStore:
     In memory, or (``folder`` given) in safetensors files there, so that only the batch
     being run is resident: for models whose calibration activations do not fit in memory.
     ``put_next`` records a batch's output; ``advance`` makes the outputs the next inputs.
+    ``generation`` counts the layers run: the inputs of layer ``generation`` are held.
     """
 
-    def __init__(self, first: list[torch.Tensor], folder: Path | None = None, device: str = "cpu"):
-        self.folder, self.device, self.generation = folder, device, 0
+    def __init__(self, first: list[torch.Tensor], folder: Path | None = None, device: str = "cpu",
+                 generation: int = 0):
+        self.folder, self.device, self.generation = folder, device, generation
         self._mem: list[torch.Tensor | None] = []
         self._next: dict[int, torch.Tensor] = {}
         self.count = len(first)
         for j, t in enumerate(first):
-            self._write(0, j, t)
+            self._write(generation, j, t)
+
+    @classmethod
+    def on_disk(cls, folder: Path, count: int, generation: int, device: str = "cpu") -> "ActivationStore":
+        """The offloaded inputs of layer ``generation``, already in ``folder`` (a resumed run)."""
+        store = cls([], folder, device, generation)
+        store.count = count
+        return store
+
+    def in_memory(self) -> list[torch.Tensor] | None:
+        """The held inputs when they are in memory; None when offloaded (the files hold them)."""
+        return None if self.folder is not None else list(self._mem)
 
     def _file(self, generation: int, j: int) -> Path:
         return self.folder / f"hidden-{generation % 2}-{j:06d}.safetensors"

@@ -1,0 +1,24 @@
+"""Deterministic crash points for the crash tests (``tests/test_resume.py``).
+
+With ``QUANTKIT_TEST_KILL_AT`` set to a point's name the process kills itself there, so a
+test can stop a conversion at an exact place rather than after a guessed delay:
+``layer:N`` (before decoder layer N starts: N layers complete, ``layer:0`` before the first)
+and ``shard:last`` (the final shard half written). SIGKILL by default;
+``QUANTKIT_TEST_KILL_SIGNAL=TERM`` sends SIGTERM instead. Unset, a point costs one look-up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+
+def kill_point(name: str, partial: Path | None = None) -> None:
+    """Kill this process if ``QUANTKIT_TEST_KILL_AT`` names this point; ``partial``: a file
+    cut to half its size first (what a kill in the middle of writing it leaves)."""
+    if os.environ.get("QUANTKIT_TEST_KILL_AT") != name:
+        return
+    if partial is not None and partial.exists():
+        os.truncate(partial, partial.stat().st_size // 2)
+    os.kill(os.getpid(), getattr(signal, "SIG" + os.environ.get("QUANTKIT_TEST_KILL_SIGNAL", "KILL")))
