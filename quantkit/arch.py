@@ -27,27 +27,34 @@ class SmoothMapping:
     ``smooth`` is a norm (its weight, offset-aware, and bias are divided) or a producer
     linear (its output rows and bias are divided; ``rows(config)`` picks the rows of a fused
     producer, e.g. the v part of Phi3's ``qkv_proj``). ``parent`` is the smallest module
-    holding every balance linear: AWQ's search loss is the error of its output. A producer
-    mapping only exists where the shapes match (v_proj -> o_proj needs as many KV heads as
-    query heads); the fold checks it.
+    holding every balance linear: AWQ's search loss is the error of its output. The fold
+    checks that the shapes match. ``kv_heads(config) -> (kv heads, head_dim)`` marks the
+    smooth channels as value heads: under grouped-query attention each value head feeds
+    ``heads / kv_heads`` query heads' columns of ``o_proj``, so one scale per value channel
+    multiplies all of its copies (attention is linear in the values).
     """
 
     smooth: str
     balance: tuple[str, ...]
     parent: str
     rows: Callable[[Any], tuple[int, int]] | None = None
-
-
-_LLAMA_MAPPINGS = (
-    SmoothMapping("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn"),
-    SmoothMapping("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj"),
-    SmoothMapping("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
-    SmoothMapping("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
-)
+    kv_heads: Callable[[Any], tuple[int, int]] | None = None
 
 
 def _head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _kv_layout(config) -> tuple[int, int]:
+    return config.num_key_value_heads, _head_dim(config)
+
+
+_LLAMA_MAPPINGS = (
+    SmoothMapping("input_layernorm", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "self_attn"),
+    SmoothMapping("self_attn.v_proj", ("self_attn.o_proj",), "self_attn.o_proj", kv_heads=_kv_layout),
+    SmoothMapping("post_attention_layernorm", ("mlp.gate_proj", "mlp.up_proj"), "mlp"),
+    SmoothMapping("mlp.up_proj", ("mlp.down_proj",), "mlp.down_proj"),
+)
 
 
 def _phi3_v_rows(config) -> tuple[int, int]:
@@ -91,7 +98,8 @@ _PHI3 = ArchSpec(
     subgroups=(("self_attn.qkv_proj",), ("self_attn.o_proj",), ("mlp.gate_up_proj",), ("mlp.down_proj",)),
     smooth_mappings=(
         SmoothMapping("input_layernorm", ("self_attn.qkv_proj",), "self_attn"),
-        SmoothMapping("self_attn.qkv_proj", ("self_attn.o_proj",), "self_attn.o_proj", rows=_phi3_v_rows),
+        SmoothMapping("self_attn.qkv_proj", ("self_attn.o_proj",), "self_attn.o_proj", rows=_phi3_v_rows,
+                      kv_heads=_kv_layout),
         SmoothMapping("post_attention_layernorm", ("mlp.gate_up_proj",), "mlp"),
         SmoothMapping("mlp.gate_up_proj", ("mlp.down_proj",), "mlp.down_proj", rows=_phi3_up_rows),
     ),

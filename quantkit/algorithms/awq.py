@@ -44,7 +44,7 @@ from ..primitives import dequantize, quantize_weight
 from ..scheme import QuantArgs
 from .base import LayerContext, Transform, TransformResult, register_algorithm
 from .observe import ChannelStats, observe_layer, search_batches
-from .transforms import fold_scales, mapping_applies
+from .transforms import fold_scales, mapping_applies, tie_of
 
 
 def minmax(args: QuantArgs) -> QuantArgs:
@@ -151,7 +151,7 @@ class AWQ(Transform):
             tensors[f"scales.{m.smooth}"] = s
             summary[m.smooth] = info
             for b in m.balance:
-                scales_of[b] = s
+                scales_of[b] = tie_of(ctx.layer, m, ctx.config).expand(s)
         for name, args in targets.items():
             lin = ctx.targets[name][0]
             s = scales_of.get(name)
@@ -181,17 +181,20 @@ class AWQ(Transform):
         args = [minmax(ctx.targets[b][1].weights) for b in m.balance]
         clips = [(clip_of or {}).get(b) for b in m.balance]
         originals = [lin.weight.data.clone() for lin in lins]
-        x_mean = st.abs_mean
-        w_mean = weight_salience(originals, args[0]) if self.duo_scaling else None
+        # statistics per smooth channel (a value channel under GQA: the mean over its copies)
+        tie = tie_of(ctx.layer, m, ctx.config)
+        x_mean = tie.reduce(st.abs_mean)
+        w_mean = tie.reduce(weight_salience(originals, args[0])) if self.duo_scaling else None
 
         def loss_with(s: torch.Tensor) -> float:
+            cols = tie.expand(s)
             for lin, w, a, clip in zip(lins, originals, args, clips):
-                ws = w.float() * s[None, :]
+                ws = w.float() * cols[None, :]
                 if clip is not None:   # the clip ranges this scaling would get (see search())
-                    inv = (1.0 / s).view(clip[1].shape[0], -1)
+                    inv = (1.0 / cols).view(clip[1].shape[0], -1)
                     gram = clip[1] * inv[:, :, None] * inv[:, None, :]
                     ws = apply_clip(ws, clip_search(ws, gram, clip[0], self.clip_grid, self.max_shrink), a.symmetric)
-                lin.weight.data = (fake_quantize_weight(ws, a) / s[None, :]).to(w.dtype)
+                lin.weight.data = (fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype)
             return replay.loss()
 
         try:

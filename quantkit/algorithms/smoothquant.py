@@ -29,7 +29,7 @@ from ..scheme import QuantArgs
 from .awq import fake_quantize_weight, minmax
 from .base import LayerContext, Transform, TransformResult, register_algorithm
 from .observe import ChannelStats, Replay, observe_layer, search_batches
-from .transforms import fold_scales, mapping_applies
+from .transforms import fold_scales, tie_of
 
 
 def smoothing_scales(act_max: torch.Tensor, weights: list[torch.Tensor], alpha: float) -> torch.Tensor:
@@ -101,7 +101,10 @@ class SmoothQuant(Transform):
                 continue
             if not self.producers and isinstance(ctx.layer.get_submodule(m.smooth), torch.nn.Linear):
                 continue
-            if mapping_applies(ctx.layer, m, ctx.config):
+            # value heads under GQA (v -> o_proj with fewer KV heads): AWQ ties their scales per
+            # value channel; SmoothQuant's per-column maxima are not measured there yet, so skip
+            tie = tie_of(ctx.layer, m, ctx.config)
+            if tie is not None and tie.repeat == 1:
                 out.append(m)
         return out
 

@@ -17,6 +17,8 @@ These functions only change parameters; searching for ``s`` is the algorithms' b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -34,17 +36,56 @@ def smooth_channels(layer: nn.Module, mapping: SmoothMapping, config) -> tuple[n
     return smooth, slice(start, stop)
 
 
-def mapping_applies(layer: nn.Module, mapping: SmoothMapping, config) -> bool:
-    """Whether the mapping's channel counts match (v_proj -> o_proj does not under GQA)."""
+@dataclass(frozen=True)
+class Tie:
+    """How the smooth channels reach the balance linears' inputs: one to one (``repeat == 1``),
+    or, for value heads under GQA, each ``[kv, head_dim]`` channel copied to ``repeat`` query
+    heads (o_proj's columns ``(kv, repeat, head_dim)``, transformers' ``repeat_kv`` order)."""
+
+    repeat: int = 1
+    kv_heads: int = 0
+    head_dim: int = 0
+
+    def expand(self, s: torch.Tensor) -> torch.Tensor:
+        """Smooth-channel scales -> balance-column scales."""
+        if self.repeat == 1:
+            return s
+        return s.view(self.kv_heads, 1, self.head_dim).expand(-1, self.repeat, -1).reshape(-1)
+
+    def reduce(self, x: torch.Tensor, how: str = "mean") -> torch.Tensor:
+        """A balance-column statistic -> one per smooth channel (``mean`` or ``amax`` over the copies)."""
+        if self.repeat == 1:
+            return x
+        v = x.view(self.kv_heads, self.repeat, self.head_dim)
+        return (v.mean(1) if how == "mean" else v.amax(1)).reshape(-1)
+
+
+def tie_of(layer: nn.Module, mapping: SmoothMapping, config) -> Tie | None:
+    """How the mapping's channels meet (``Tie``), or None where its channel counts differ."""
     _, rows = smooth_channels(layer, mapping, config)
     width = rows.stop - rows.start
-    return all(layer.get_submodule(b).in_features == width for b in mapping.balance)
+    ins = {layer.get_submodule(b).in_features for b in mapping.balance}
+    if ins == {width}:
+        return Tie()
+    if mapping.kv_heads is None or len(ins) != 1:
+        return None
+    kv, hd = mapping.kv_heads(config)
+    (cols,) = ins
+    if kv * hd != width or cols % width:
+        return None
+    return Tie(cols // width, kv, hd)
+
+
+def mapping_applies(layer: nn.Module, mapping: SmoothMapping, config) -> bool:
+    """Whether scales can fold here (the channel counts match, or value heads meet o_proj under GQA)."""
+    return tie_of(layer, mapping, config) is not None
 
 
 def fold_scales(layer: nn.Module, mapping: SmoothMapping, scales: torch.Tensor, config,
                 norm_offset: float = 0.0) -> None:
     """Divide ``mapping.smooth``'s outputs by ``scales`` and multiply the balance linears' inputs by it."""
-    if not mapping_applies(layer, mapping, config):
+    tie = tie_of(layer, mapping, config)
+    if tie is None:
         raise QuantkitError(f"{mapping.smooth} -> {', '.join(mapping.balance)}: channel counts differ, "
                             "scales cannot be folded here")
     if not bool((scales > 0).all()) or not bool(torch.isfinite(scales).all()):
@@ -62,6 +103,7 @@ def fold_scales(layer: nn.Module, mapping: SmoothMapping, scales: torch.Tensor, 
             w.copy_(((norm_offset + w.float()) / s - norm_offset).to(w.dtype))
             if getattr(smooth, "bias", None) is not None:
                 smooth.bias.copy_((smooth.bias.float() / s).to(smooth.bias.dtype))
+        cols = tie.expand(s)
         for name in mapping.balance:
             lin = layer.get_submodule(name)
-            lin.weight.copy_((lin.weight.float() * s[None, :]).to(lin.weight.dtype))
+            lin.weight.copy_((lin.weight.float() * cols[None, :]).to(lin.weight.dtype))

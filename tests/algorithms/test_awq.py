@@ -148,7 +148,9 @@ def test_no_scaling_wins_where_every_scaled_grid_loses():
         def loss(self) -> float:
             return float((lin.weight.data - plain).abs().sum())
 
-    ctx = SimpleNamespace(targets={"fc": (lin, SimpleNamespace(weights=args))})
+    layer = torch.nn.Module()
+    layer.norm, layer.fc = torch.nn.LayerNorm(64), lin
+    ctx = SimpleNamespace(targets={"fc": (lin, SimpleNamespace(weights=args))}, layer=layer, config=None)
     stats = ChannelStats(torch.rand(64) * 10 + 0.1, torch.ones(64), count=1)
     before = lin.weight.data.clone()
     s, info = AWQ()._search_mapping(ctx, SmoothMapping("norm", ("fc",), "fc"), stats, Replay())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.algorithms.transforms import fold_scales, mapping_applies
+from quantkit.algorithms.transforms import fold_scales, mapping_applies, smooth_channels
 from quantkit.arch import ARCHITECTURES
 
 from arch_configs import tiny_config
@@ -34,7 +34,8 @@ def _fold_everywhere(model, arch: str, offset: float) -> int:
         for m in spec.smooth_mappings:
             if not mapping_applies(layer, m, model.config):
                 continue
-            width = layer.get_submodule(m.balance[0]).in_features
+            _, rows = smooth_channels(layer, m, model.config)
+            width = rows.stop - rows.start              # one scale per smooth channel
             s = torch.exp(torch.empty(width).uniform_(-1.0, 1.0, generator=g))
             fold_scales(layer, m, s, model.config, norm_offset=offset)
             folded += 1
@@ -58,8 +59,8 @@ def test_folding_random_scales_keeps_the_layer_output(arch, kv_heads):
     before = _hidden(model, ids)
     folded = _fold_everywhere(model, arch, ARCHITECTURES[arch].norm_weight_offset)
     mappings = len(ARCHITECTURES[arch].smooth_mappings)
-    # every mapping folds with as many KV heads as heads; v -> o_proj drops out under GQA
-    assert folded == model.config.num_hidden_layers * (mappings if kv_heads == 4 else mappings - 1)
+    # every mapping folds, v -> o_proj under GQA too (one scale per value channel, on all its copies)
+    assert folded == model.config.num_hidden_layers * mappings
     assert _rel(before, _hidden(model, ids)) <= 1e-5
 
 
@@ -73,10 +74,30 @@ def test_ignoring_the_norm_offset_breaks_the_model(arch):
 
 
 def test_a_mapping_whose_shapes_differ_is_refused():
+    import dataclasses
+
     from quantkit.errors import QuantkitError
 
     model = _model("LlamaForCausalLM", 2)
     layer, v_to_o = model.model.layers[0], ARCHITECTURES["LlamaForCausalLM"].smooth_mappings[1]
-    assert not mapping_applies(layer, v_to_o, model.config)
+    assert mapping_applies(layer, v_to_o, model.config)
+    untied = dataclasses.replace(v_to_o, kv_heads=None)     # not known to be value heads
+    assert not mapping_applies(layer, untied, model.config)
     with pytest.raises(QuantkitError, match="channel counts differ"):
-        fold_scales(layer, v_to_o, torch.ones(32), model.config)
+        fold_scales(layer, untied, torch.ones(32), model.config)
+
+
+def test_gqa_value_scales_reach_every_copy_in_o_proj():
+    """A value channel's scale multiplies the o_proj columns of every query head that reads it."""
+    from quantkit.algorithms.transforms import tie_of
+
+    model = _model("LlamaForCausalLM", 2)       # 4 heads, 2 KV heads: each value head read twice
+    layer, v_to_o = model.model.layers[0], ARCHITECTURES["LlamaForCausalLM"].smooth_mappings[1]
+    tie = tie_of(layer, v_to_o, model.config)
+    hd = model.config.hidden_size // model.config.num_attention_heads
+    assert (tie.repeat, tie.kv_heads, tie.head_dim) == (2, 2, hd)
+    s = torch.arange(1.0, 2 * hd + 1)
+    cols = tie.expand(s)
+    for h in range(4):                          # query head h reads value head h // 2
+        assert torch.equal(cols[h * hd:(h + 1) * hd], s[(h // 2) * hd:(h // 2 + 1) * hd])
+    assert torch.equal(tie.reduce(cols), s) and torch.equal(tie.reduce(cols, "amax"), s)
