@@ -25,7 +25,7 @@ from torch import nn
 from .device import check_device
 from .errors import QuantkitError
 from .formats import staging
-from .formats.compressed_tensors import matches
+from .formats.compressed_tensors import matches, scheme_for
 from .formats.writer import ShardWriter, move_into_place, prepare_output
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
@@ -201,7 +201,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
     config, source, folder = resolve_model(model, trust_remote_code)
     try:
-        check_ignore(config, recipe, ignore, warn)
+        check_modules(config, recipe, ignore, warn)
         samples = None
         if recipe.needs_calibration:
             samples = resolve_calibration(calibration, recipe, folder, warn)
@@ -243,12 +243,20 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def check_ignore(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:
-    """Each ``ignore`` entry must keep some Linear module of the model in high precision: one
-    given in ``required`` (``--ignore``) fails when it matches none, one from the recipe warns."""
+def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:
+    """What the recipe says about the model's Linear modules, checked before any data is read:
+    each group size divides the width of the modules it quantizes, and each ``ignore`` entry
+    keeps some module in high precision (one given in ``required``, ``--ignore``, fails when
+    it matches none; one from the recipe warns)."""
     from .pipeline.onload import build_skeleton
 
-    names = [n for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)]
+    linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
+    names = list(linears)
+    for name, m in linears.items():
+        s = scheme_for(name, "Linear", recipe.groups, list(recipe.ignore))
+        if s is not None and s.weights is not None:
+            group = next(g for g, sc in recipe.groups.items() if sc is s)
+            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({name})")
     for pattern in recipe.ignore:
         if pattern == "lm_head" or any(matches(n, "Linear", pattern) for n in names):
             continue
