@@ -77,9 +77,16 @@ def convert(
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
-        typer.echo(f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} [recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]", err=True)
+        banner = (f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
+                  f"[recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]")
+
+        def progress(iterable, total):
+            # printed once the model, recipe and data are checked: a bad input's stderr is its error line
+            typer.echo(banner, err=True)
+            return _progress(iterable, total)
+
         q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
-                     device=device, progress=_progress,
+                     device=device, progress=progress,
                      log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
         s = q.summary()

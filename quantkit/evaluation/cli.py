@@ -54,6 +54,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     from .slices import load_suite
     suite = suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
+    if calibration_log:
+        from .slices import business_slices
+        business_slices(calibration_log)  # and on a bad --calib log
     if max_len is not None:
         check_flag(EvalSection, "max_len", max_len, "--max-len")
     max_len = max_len if max_len is not None else section.get("max_len") or 4096

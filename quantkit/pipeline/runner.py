@@ -103,6 +103,14 @@ def _check_widths(layers: nn.Module, layers_path: str, recipe: Recipe) -> None:
             s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({prefix}{name})")
 
 
+def _check_tensors(layers: nn.Module, layers_path: str, source) -> None:
+    """Every layer parameter is in the shards: a missing one fails before any work, not at its layer."""
+    for name, _ in layers.named_parameters():
+        key = f"{layers_path}.{name}"
+        if key not in source:
+            source.get(key)   # the source's own one-line error naming the tensor
+
+
 def _subgroups(spec: ArchSpec, targets: dict) -> list[list[str]]:
     groups = [[n for n in sg if n in targets] for sg in spec.subgroups]
     groups = [g for g in groups if g]
@@ -127,6 +135,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     model = build_skeleton(config)
     layers = get_module(model, spec.layers)
     _check_widths(layers, spec.layers, recipe)
+    _check_tensors(layers, spec.layers, source)
     transforms, quantizer = build_steps(recipe)
     needs_data = recipe.needs_calibration
     if needs_data and not samples:
