@@ -2,7 +2,9 @@
 
 The model is built on the meta device, every Linear that a config group targets is swapped
 for a ``QuantLinear`` with the checkpoint's tensor layout, and the shards are assigned in
-place (no float copy of the quantized weights is ever made).
+place (no float copy of the quantized weights is ever made). A ``kv_cache_scheme`` gives each
+attention module its ``k_scale`` / ``v_scale`` and switches attention to one that reads K and V
+as the FP8 cache holds them (``quantkit.kv_cache``), so every measure sees the KV error too.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from .arch import arch_for
 from .errors import QuantkitError
 from .formats.compressed_tensors import parse_quantization_config, scheme_for
 from .kernels import select_backend
+from .kv_cache import KVCacheScheme, register_scales, use_kv_attention
 from .modules import QuantLinear
 from .pipeline.onload import config_dtype as _config_dtype
 from .source import SafetensorsSource
@@ -40,6 +44,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         raise QuantkitError(f"{path / 'config.json'}: no quantization_config (not a quantized checkpoint)")
     qc = qc if isinstance(qc, dict) else qc.to_dict()
     groups, ignore = parse_quantization_config(qc, str(path / "config.json"))
+    kv_scheme = KVCacheScheme.from_checkpoint(qc.get("kv_cache_scheme"), str(path / "config.json"))
     cfg = config.to_dict()
     cfg.pop("quantization_config", None)
     plain = type(config).from_dict(cfg)
@@ -58,6 +63,11 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, q)
         swapped += 1
+    if kv_scheme is not None:
+        _, spec = arch_for(plain)
+        for layer in model.get_submodule(spec.layers):
+            kv_heads = getattr(plain, "num_key_value_heads", None) or plain.num_attention_heads
+            register_scales(layer.get_submodule(spec.attention), kv_scheme, kv_heads, dtype, "meta")
     expected = dict(model.state_dict())
     state = {}
     for k in source.keys():
@@ -74,9 +84,11 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.set_backend(chosen)
+    attention = use_kv_attention(model) if kv_scheme is not None else None
     model.eval()
     model.quantkit_info = {"path": str(path), "backend": chosen, "quantized_modules": swapped,
-                           "format": qc.get("format")}
+                           "format": qc.get("format"), "kv_cache": kv_scheme and kv_scheme.strategy,
+                           "attention": attention}
     return model
 
 

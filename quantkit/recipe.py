@@ -33,6 +33,7 @@ import yaml
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import QuantkitError
+from .kv_cache import KVCacheScheme
 from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
 from .validation import build_options, checked_options, config, invalid, parse
 
@@ -101,6 +102,7 @@ class Recipe:
     output: OutputSettings = OutputSettings()
     eval: dict[StrictStr, Any] = dataclasses.field(default_factory=dict)
     name: StrictStr = "custom"
+    kv_cache: KVCacheScheme | None = None  # FP8 KV-cache scales calibrated and written (kv_cache.py)
 
     @model_validator(mode="after")
     def _valid_chain(self) -> "Recipe":
@@ -145,7 +147,7 @@ class Recipe:
         if "lm_head" not in ignore:
             ignore = ignore + ("lm_head",)
         return cls(groups, ignore, steps, f.calibration or CalibrationSettings(), f.output or OutputSettings(),
-                   ev, f.name or "custom")
+                   ev, f.name or "custom", f.kv_cache)
 
     @classmethod
     def from_file(cls, path: str | Path, check_eval: EvalCheck | None = None) -> "Recipe":
@@ -177,6 +179,8 @@ class Recipe:
             "calibration": dataclasses.asdict(self.calibration),
             "output": dataclasses.asdict(self.output),
             "eval": dict(self.eval),
+            # only when set: the dict is the resume key, and recipes without it keep theirs
+            **({"kv_cache": dataclasses.asdict(self.kv_cache)} if self.kv_cache is not None else {}),
         }
 
     def with_overrides(self, group_size: int | None = None, ignore: list[str] | None = None,
@@ -217,7 +221,7 @@ class Recipe:
 
         ensure_registered()
         static_acts = any(s.input_activations is not None and not s.input_activations.dynamic for s in self.groups.values())
-        return static_acts or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
+        return static_acts or self.kv_cache is not None or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
 
 
 # -- the file's form -----------------------------------------------------------------------------
@@ -237,6 +241,7 @@ class _RecipeFile:
     calibration: CalibrationSettings | None = None
     output: OutputSettings | None = None
     eval: dict[StrictStr, Any] | None = None  # checked by the evaluation package
+    kv_cache: KVCacheScheme | None = None
 
     @field_validator("scheme", mode="before")
     @classmethod

@@ -381,6 +381,25 @@ def existing_output(w, tmp):
     return convert(w.model, tmp), "out: output folder exists (use --overwrite to replace it)"
 
 
+# the kv_cache: section (issue 12)
+@case
+def kv_cache_channel_strategy(w, tmp):
+    return convert(w.model, tmp, recipe=recipe_file(tmp, "scheme: FP8_DYNAMIC\nkv_cache: {strategy: channel}\n")), \
+        "kv_cache.strategy: must be 'tensor' or 'attn_head', got 'channel'"
+
+
+@case
+def kv_cache_int4(w, tmp):
+    return convert(w.model, tmp, recipe=recipe_file(tmp, "scheme: FP8_DYNAMIC\nkv_cache: {num_bits: 4}\n")), \
+        "kv_cache.num_bits: the KV cache is FP8 E4M3 (8 bits), got 4"
+
+
+@case
+def kv_cache_unknown_key(w, tmp):
+    return convert(w.model, tmp, recipe=recipe_file(tmp, "scheme: FP8_DYNAMIC\nkv_cache: {stratgy: tensor}\n")), \
+        "kv_cache: unknown key 'stratgy'"
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(name, world, tmp_path, private_dirs):
     args, needle = CASES[name](world, tmp_path)

@@ -9,11 +9,13 @@ step three ways to use it, all through forward hooks on the layer's modules:
 - ``run(layer, i, interleaved=True)``: every batch in lockstep, pausing at ``sync`` points
   (``quantkit.interleave``: GPTQ's one-pass true-sequential solve);
 - ``propagate=True`` (every batch): the pass's outputs become the next layer's inputs, and the
-  inputs of static-activation linears are observed for their scales.
+  inputs of static-activation linears are observed for their scales (and, given a ``kv``
+  observer, the keys and values the attention module would cache).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Callable
 
@@ -22,6 +24,7 @@ from torch import nn
 
 from ..errors import QuantkitError
 from ..interleave import Interleaver
+from ..kv_cache import KVObserver
 from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
@@ -59,11 +62,13 @@ class CalibrationPasses:
 
     def run(self, layer: nn.Module, i: int, propagate: bool = False, interleaved: bool = False,
             batches: list[int] | None = None, observe: dict[str, tuple[nn.Linear, QuantScheme]] | None = None,
-            observed: dict[str, torch.Tensor] | None = None) -> None:
+            observed: dict[str, torch.Tensor] | None = None,
+            kv: tuple[nn.Module, KVObserver] | None = None) -> None:
         """Run layer ``i`` over the calibration batches (see the module docstring).
 
         With ``propagate``, the input absmax of each linear in ``observe`` whose scheme has
-        static activations is recorded into ``observed`` (real tokens only).
+        static activations is recorded into ``observed`` (real tokens only), and ``kv``'s
+        observer records the keys and values of ``kv``'s attention module.
         """
         if propagate and batches is not None:
             raise RuntimeError("a propagating pass must run every calibration batch")
@@ -78,8 +83,9 @@ class CalibrationPasses:
         def select(j: int) -> None:
             self._batch = j
 
+        observing = kv[1].observing(kv[0], self.tokens(f"layers.{i}")) if propagate and kv else contextlib.nullcontext()
         try:
-            with torch.no_grad():
+            with torch.no_grad(), observing:
                 if interleaved:
                     self.interleaver.run([functools.partial(call, j) for j in order], before=lambda k: select(order[k]))
                 else:

@@ -36,6 +36,7 @@ from ..errors import QuantkitError
 from ..formats.compressed_tensors import compress_module, quantization_config, scheme_for
 from ..formats.staging import RUN_DIR
 from ..formats.writer import ShardWriter
+from ..kv_cache import KVObserver
 from ..primitives import calculate_qparams
 from ..recipe import Recipe
 from ..scheme import QuantScheme
@@ -176,8 +177,9 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         targets = layer_targets(layer, prefix, recipe)
         for _, s in targets.values():
             lg.groups.extend(g for g, sc in recipe.groups.items() if sc is s and g not in lg.groups)
+        kv = (get_module(layer, spec.attention), KVObserver()) if recipe.kv_cache is not None else None
         ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
-                       len(samples or []), num_tokens)
+                       len(samples or []), num_tokens, kv)
 
         found = _run_transforms(ctx, transforms, writer.tmp)
         if found:
@@ -198,12 +200,16 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         observed: dict[str, torch.Tensor] = {}
         if passes is not None:
             if not ctx.propagated:
-                passes.run(layer, i, propagate=True, observe=targets, observed=observed)
+                passes.run(layer, i, propagate=True, observe=targets, observed=observed, kv=kv)
             else:
                 observed = ctx.observed
             passes.hidden.advance()
 
         _write_layer(writer, prefix, layer, targets, results, observed, lg.stats, lg.formats)
+        if kv is not None:
+            dtype = next(kv[0].parameters()).dtype   # compressed-tensors: the attention module's dtype
+            for leaf, scale in kv[1].scales(recipe.kv_cache, dtype).items():
+                writer.add(f"{prefix}{spec.attention}.{leaf}", scale)
         dematerialize(layer)
         del results, targets, ctx
         writer.end_unit()
@@ -220,7 +226,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
               if isinstance(m, nn.Linear) and scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None]
     groups_used = {g: recipe.groups[g] for g in lg.groups}
     cfg = config.to_dict()
-    cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore)
+    cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore,
+                                                     recipe.kv_cache.to_dict() if recipe.kv_cache else None)
     writer.write_json("config.json", cfg)
     quant_log: dict[str, Any] = {
         "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": arch_name,
@@ -277,7 +284,7 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
 
 
 def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, config, passes: CalibrationPasses | None,
-             single_pass: bool, num_samples: int, num_tokens: int) -> LayerContext:
+             single_pass: bool, num_samples: int, num_tokens: int, kv=None) -> LayerContext:
     if passes is None:
         return LayerContext(i, name, layer, targets, _subgroups(spec, targets), run=_no_data,
                             num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config)
@@ -285,7 +292,7 @@ def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, confi
 
     def run(propagate: bool = False, interleaved: bool = False, batches: list[int] | None = None) -> None:
         passes.run(layer, i, propagate=propagate, interleaved=interleaved, batches=batches,
-                   observe=ctx.targets, observed=ctx.observed if propagate else None)
+                   observe=ctx.targets, observed=ctx.observed if propagate else None, kv=kv)
 
     ctx = LayerContext(i, name, layer, targets, _subgroups(spec, targets), run=run,
                        num_samples=num_samples, num_tokens=num_tokens, single_pass=single_pass,
