@@ -34,6 +34,9 @@ from .primitives import FP8_DTYPE, FP8_MAX
 from .validation import config, invalid
 
 KV_SCALE_NAMES = ("k_scale", "v_scale")
+MSE_GRID = 20          # candidate ranges for observer "mse"
+MSE_MIN_RATIO = 0.5    # the smallest candidate: half the absmax
+MSE_TOKENS = 16384     # at most about this many tokens a layer kept for the search
 KVStrategy = Literal["tensor", "attn_head"]
 
 
@@ -45,7 +48,9 @@ class KVCacheScheme:
     type: Literal["float"] = "float"
     strategy: KVStrategy = "tensor"
     symmetric: StrictBool = True
-    observer: Literal["minmax"] = "minmax"  # symmetric: the absmax of what the cache stores
+    # "minmax": the absmax of what the cache stores; "mse": the range p * absmax (p from 1 down
+    # to MSE_MIN_RATIO) with the least quantization error on a subsample of the calibration tokens
+    observer: Literal["minmax", "mse"] = "minmax"
 
     @model_validator(mode="after")
     def _fp8(self) -> "KVCacheScheme":
@@ -95,15 +100,30 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 # -- observing K and V where the cache would store them ---------------------------------------------
 class KVObserver:
-    """Per-KV-head absmax of one attention module's keys and values over the real tokens."""
+    """Per-KV-head absmax of one attention module's keys and values over the real tokens; with
+    ``keep_every``, every n-th real token is also kept (``[n, kv_heads, head_dim]``) for the
+    ``mse`` search.
 
-    def __init__(self) -> None:
-        self.k_absmax: torch.Tensor | None = None
-        self.v_absmax: torch.Tensor | None = None
+    Example:
+        >>> KVObserver.for_scheme(KVCacheScheme(observer="mse"), num_tokens=65536).keep_every
+        4
+    """
+
+    def __init__(self, keep_every: int | None = None) -> None:
+        self.keep_every = keep_every
+        self.absmax: dict[str, torch.Tensor] = {}
+        self.kept: dict[str, list[torch.Tensor]] = {"k": [], "v": []}
+
+    @classmethod
+    def for_scheme(cls, scheme: KVCacheScheme, num_tokens: int) -> "KVObserver":
+        return cls(-(-num_tokens // MSE_TOKENS) if scheme.observer == "mse" else None)
 
     def record(self, k: torch.Tensor, v: torch.Tensor, tokens: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        self.k_absmax = _running_max(self.k_absmax, _head_absmax(k, tokens))
-        self.v_absmax = _running_max(self.v_absmax, _head_absmax(v, tokens))
+        for name, x in (("k", k), ("v", v)):
+            rows = _token_rows(x, tokens)
+            self.absmax[name] = _running_max(self.absmax.get(name), rows.abs().amax(dim=(0, 2)).float())
+            if self.keep_every is not None:
+                self.kept[name].append(rows[:: self.keep_every].float())
 
     @contextlib.contextmanager
     def observing(self, attention: nn.Module, tokens: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
@@ -123,9 +143,35 @@ class KVObserver:
             handle.remove()
 
     def scales(self, scheme: KVCacheScheme, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-        if self.k_absmax is None:
+        if not self.absmax:
             raise RuntimeError("kv_cache: the attention module was never called with calibration data")
-        return {"k_scale": scale_of(self.k_absmax, scheme, dtype), "v_scale": scale_of(self.v_absmax, scheme, dtype)}
+        out = {}
+        for name in ("k", "v"):
+            amax = self.absmax[name]
+            if scheme.observer == "mse":
+                amax = mse_range(torch.cat(self.kept[name]), amax, per_head=scheme.strategy == "attn_head")
+            out[f"{name}_scale"] = scale_of(amax, scheme, dtype)
+        return out
+
+
+def mse_range(x: torch.Tensor, absmax: torch.Tensor, per_head: bool) -> torch.Tensor:
+    """The range per KV head (``[kv_heads]``; one value repeated when not ``per_head``) among
+    ``p * absmax``, ``p`` in ``MSE_GRID`` steps from 1 to ``MSE_MIN_RATIO``, whose E4M3
+    quantize-dequantize of ``x`` (``[n, kv_heads, head_dim]``) has the least squared error."""
+    top = absmax if per_head else absmax.amax().expand_as(absmax)
+    best_err, best = None, top
+    for p in torch.linspace(1.0, MSE_MIN_RATIO, MSE_GRID).tolist():
+        scale = (p * top / FP8_MAX).clamp_min(1e-12).reshape(1, -1, 1)
+        err = (fake_quantize(x, scale) - x).pow(2).sum(dim=(0, 2))
+        if not per_head:
+            err = err.sum().expand_as(err)
+        if best_err is None:
+            best_err, best = err, top.clone()
+        else:
+            better = err < best_err
+            best_err = torch.where(better, err, best_err)
+            best = torch.where(better, p * top, best)
+    return best
 
 
 class _ObservingCache:
@@ -146,10 +192,10 @@ def _cache_kwarg(attention: nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _head_absmax(x: torch.Tensor, tokens) -> torch.Tensor:
+def _token_rows(x: torch.Tensor, tokens) -> torch.Tensor:
+    """``[batch, kv_heads, seq, head_dim]`` -> the real tokens, ``[n, kv_heads, head_dim]``."""
     b, h, s, d = x.shape
-    rows = tokens(x.transpose(1, 2).reshape(b, s, h * d))   # padding dropped: [n, heads * head_dim]
-    return rows.reshape(-1, h, d).abs().amax(dim=(0, 2)).float()
+    return tokens(x.transpose(1, 2).reshape(b, s, h * d)).reshape(-1, h, d)
 
 
 def _running_max(a: torch.Tensor | None, b: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import quantkit
 from quantkit.errors import QuantkitError
-from quantkit.kv_cache import KVCacheScheme, fake_quantize, use_kv_attention
+from quantkit.kv_cache import KVCacheScheme, fake_quantize, mse_range, use_kv_attention
 from quantkit.recipe import Recipe
 
 STRATEGIES = ("tensor", "attn_head")
@@ -61,7 +61,7 @@ def test_recipe_key_defaults_and_form():
     ({"num_bits": 8.0}, "recipe: kv_cache.num_bits: expected an integer, got 8.0"),
     ({"symmetric": False}, "recipe: kv_cache.symmetric:"),
     ({"type": "int"}, "recipe: kv_cache.type: must be 'float'"),
-    ({"observer": "mse"}, "recipe: kv_cache.observer:"),
+    ({"observer": "percentile"}, "recipe: kv_cache.observer: must be 'minmax' or 'mse'"),
     ({"dynamic": True}, "recipe: kv_cache: unknown key 'dynamic'"),
     ("fp8", "recipe: kv_cache: expected a mapping"),
 ])
@@ -145,6 +145,31 @@ def test_scales_are_the_absmax_of_post_rope_keys(src, tmp_path, strategy, quanti
         got = tensors[f"model.layers.1.self_attn.{name}"].flatten() * 448
         want = absmax.amax().reshape(1) if strategy == "tensor" else absmax
         torch.testing.assert_close(got, want, rtol=0.05, atol=0)
+
+
+def test_mse_range_clips_a_lone_outlier_and_never_widens():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 2, 16, generator=g)
+    x[3, 1, 5] = 40.0   # head 1: one outlier far out
+    absmax = x.abs().amax(dim=(0, 2))
+    got = mse_range(x, absmax, per_head=True)
+    assert (got <= absmax).all() and (got >= 0.5 * absmax).all()
+
+    def err(r):
+        return (fake_quantize(x, (r / 448).reshape(1, -1, 1)) - x).pow(2).sum(dim=(0, 2))
+
+    assert (err(got) <= err(absmax)).all()
+    tensor = mse_range(x, absmax, per_head=False)
+    assert tensor.unique().numel() == 1 and tensor[0] <= absmax.max()
+
+
+def test_mse_observer_scales_within_the_minmax_ones(checkpoints, src, tmp_path):
+    recipe = {"scheme": "FP8_DYNAMIC", "kv_cache": {"strategy": "attn_head", "observer": "mse"}}
+    mse = _tensors(quantkit.quantize(str(src), recipe, calibration=CALIB).save(tmp_path / "mse"))
+    minmax = _tensors(checkpoints["attn_head"])
+    for k in (k for k in minmax if k.endswith(("k_scale", "v_scale"))):
+        assert mse[k].shape == minmax[k].shape
+        assert (mse[k] <= minmax[k]).all() and (mse[k] >= 0.5 * minmax[k] * (1 - 1e-6)).all()
 
 
 # -- the quantized-KV attention -----------------------------------------------------------------------

@@ -177,7 +177,9 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         targets = layer_targets(layer, prefix, recipe)
         for _, s in targets.values():
             lg.groups.extend(g for g, sc in recipe.groups.items() if sc is s and g not in lg.groups)
-        kv = (get_module(layer, spec.attention), KVObserver()) if recipe.kv_cache is not None else None
+        kv = None
+        if recipe.kv_cache is not None:
+            kv = (get_module(layer, spec.attention), KVObserver.for_scheme(recipe.kv_cache, num_tokens))
         ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
                        len(samples or []), num_tokens, kv)
 
