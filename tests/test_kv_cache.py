@@ -247,6 +247,18 @@ def test_load_selects_kv_attention_from_the_checkpoint(checkpoints, src, strateg
         .quantkit_info["attention"] is None
 
 
+def test_decoding_with_a_cache_equals_the_full_forward(checkpoints):
+    """Past K and V come back from the cache and are rounded again: E4M3 with the same scale is
+    idempotent, so one token decoded after a prefill sees what the full forward sees."""
+    model = quantkit.load(checkpoints["attn_head"])
+    ids = torch.tensor(random_ids(1, 14, seed=5))
+    with torch.no_grad():
+        full = model(ids).logits[0, -1]
+        prefill = model(ids[:, :-1], use_cache=True)
+        step = model(ids[:, -1:], cache=prefill.past_key_values, use_cache=True).logits[0, -1]
+    torch.testing.assert_close(step, full, rtol=1e-4, atol=1e-4)
+
+
 def test_loads_in_transformers_with_compressed_tensors(checkpoints):
     """transformers 5.24 + compressed-tensors 0.20.1 load the checkpoint (weights decompressed),
     but no attention module takes the scales: compressed-tensors finds attention modules by a
