@@ -56,7 +56,7 @@ def test_gptq_like_error_in_some_columns_is_within_expectation():
     w_bad[7] = w_bad[7][torch.randperm(w.shape[1])]            # one row's codes shuffled
     f = reconstruction(w, w_bad, G32, "gptq")
     # without the conversion's record the row stands out, but inside GPTQ's wide unit allowance ...
-    assert f.worst_unit.startswith("row 7") and -10 < f.unit_excess_db < 0
+    assert f.worst_unit.startswith("row 7") and -15 < f.unit_excess_db < 0
     # ... with it (what the quantizer left per row) it is far past any limit
     recorded = (w_hat - w).pow(2).sum(1)
     f = reconstruction(w, w_bad, G32, "gptq", logged_rows=recorded)

@@ -90,14 +90,16 @@ class Allowance:
 # +3.2 to +10 dB on GPTQ W4, +23 dB on GPTQ W8, +26 dB on RTN W4. What GPTQ W4 cannot show is
 # damage confined to one group of one row: it raises that group 9-14 dB, inside GPTQ's own scatter.
 #
-# A real checkpoint scatters more: GPTQ W4 g64 on SmolLM2 (the main job) put one group of
-# layers.11.mlp.down_proj 21.2 dB over round to nearest after the medians (its modules: at most
-# 6.3 dB). Rows and groups of GPTQ therefore get 24 dB. Checkpoints that quantkit writes carry the
-# conversion's own row errors and are compared with those instead (``RECORDED``): these
-# allowances are for checkpoints without that record (older ones, other tools).
+# A real checkpoint scatters more: GPTQ W4 g64 on SmolLM2 (the main job, 128 x 512 calibration
+# tokens) put one group of layers.11.mlp.down_proj 21.2 dB over round to nearest after the medians
+# (its modules: at most 6.3 dB); with 4 x 512 tokens, act-order "group" put one there 25.5 dB
+# over (every shipped recipe on SmolLM2 and Gemma3, benchmarks/RESULTS.md). Rows and groups of
+# GPTQ therefore get 28 dB. Checkpoints that quantkit writes carry the conversion's own row
+# errors and are compared with those instead (``RECORDED``): these allowances are for
+# checkpoints without that record (older ones, other tools).
 ALLOWANCES = {
     "rtn": Allowance(1.0, False),
-    "gptq": Allowance(15.0, True, unit_db=24.0),
+    "gptq": Allowance(15.0, True, unit_db=28.0),
 }
 ALLOWANCES["unknown"] = ALLOWANCES["gptq"]
 # With the conversion's own row errors recorded (pipeline/residuals.py) the decoded rows give them
