@@ -24,7 +24,8 @@ AWQModifier leaves it out.
 With ``clip_in_search`` each candidate ``s`` is scored with its clip ranges searched first
 (``Q`` becomes round to nearest of the clipped ``W diag(s)``): the ratio is then chosen for the
 weights that will be written, not for min-max ones, at the cost of one clip search (a small
-matrix product per candidate ratio and clip ratio) per candidate.
+matrix product per candidate ratio and clip ratio) per candidate; ``search_clip_grid`` can make
+that inner clip grid coarser than the final one (the ranking needs less resolution).
 
 The search returns data (``TransformResult``); ``apply`` folds the scales and clamps the
 weights. Quantization itself is the next step's (RTN or GPTQ).
@@ -120,11 +121,12 @@ class AWQ(Transform):
     max_shrink: float = 0.5         # clip ratios searched down to 1 - max_shrink
     clip_skip: list[str] | None = None  # linears (name suffixes) left out of the clip search, e.g. q/k
     clip_in_search: bool = False    # score each ratio with its clip ranges searched first (slower)
+    search_clip_grid: int | None = None  # the clip grid inside the ratio search (None: clip_grid)
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
     def __post_init__(self) -> None:
-        if self.grid < 1 or self.clip_grid < 1:
+        if self.grid < 1 or self.clip_grid < 1 or (self.search_clip_grid is not None and self.search_clip_grid < 1):
             raise QuantkitError("grid: must be >= 1")
         if not 0.0 <= self.max_shrink < 1.0:
             raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
@@ -193,7 +195,8 @@ class AWQ(Transform):
                 if clip is not None:   # the clip ranges this scaling would get (see search())
                     inv = (1.0 / cols).view(clip[1].shape[0], -1)
                     gram = clip[1] * inv[:, :, None] * inv[:, None, :]
-                    ws = apply_clip(ws, clip_search(ws, gram, clip[0], self.clip_grid, self.max_shrink), a.symmetric)
+                    grid = self.search_clip_grid or self.clip_grid
+                    ws = apply_clip(ws, clip_search(ws, gram, clip[0], grid, self.max_shrink), a.symmetric)
                 lin.weight.data = (fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype)
             return replay.loss()
 
