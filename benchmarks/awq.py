@@ -7,6 +7,8 @@ the first ``--eval-windows`` windows. Each run is its own subprocess (peak RSS i
 ``--suite w4`` (W4A16 symmetric, group ``--group-size``): fp32, RTN, AWQ without the clip
 search, AWQ, AWQ+GPTQ, GPTQ, and llm-compressor's AWQModifier when its interpreter exists
 (``--llmc-python``; ``benchmarks/llmc_awq.py`` runs it on the CPU).
+``--suite w4-parts``: RTN W4A16 with one module kind (q/k/v, o_proj, gate/up, down_proj) kept
+in float at a time, to see where RTN's damage comes from.
 ``--suite w8a8`` (int8 weights per channel, int8 dynamic per-token activations): fp32, RTN,
 GPTQ, SmoothQuant+RTN, SmoothQuant+GPTQ. Perplexity of W8A8 runs goes through quantkit's
 packed int8 path (``quantkit.load``), not fake quantization.
@@ -55,6 +57,13 @@ def suite_runs(suite: str, group_size: int, awq_options: dict) -> dict[str, dict
             "awq+gptq": {"config_groups": mse, "steps": [{"awq": awq_options}, {"gptq": GPTQ_OPTIONS}]},
             "gptq": {"config_groups": mse, "steps": [{"gptq": GPTQ_OPTIONS}]},
         }
+    if suite == "w4-parts":
+        # where RTN's damage comes from: one module kind kept in float, the rest RTN
+        rtn = w4_groups(group_size, "minmax")
+        kinds = {"all": [], "keep-o": ["re:.*o_proj"], "keep-down": ["re:.*down_proj"],
+                 "keep-qkv": ["re:.*[qkv]_proj"], "keep-gateup": ["re:.*(gate|up)_proj"]}
+        return {f"rtn-{k}": {"config_groups": rtn, "steps": ["rtn"], "ignore": ["lm_head", *extra]}
+                for k, extra in kinds.items()}
     if suite == "w8a8":
         sq = {"smoothquant": {"alphas": [0.3, 0.4, 0.5, 0.6, 0.7, 0.8]}}
         return {
@@ -64,7 +73,7 @@ def suite_runs(suite: str, group_size: int, awq_options: dict) -> dict[str, dict
             "w8a8-sq": {"config_groups": W8A8_GROUPS, "steps": [sq, "rtn"]},
             "w8a8-sq+gptq": {"config_groups": W8A8_GROUPS, "steps": [sq, {"gptq": GPTQ_OPTIONS}]},
         }
-    raise SystemExit(f"--suite: unknown suite {suite!r} (w4, w8a8)")
+    raise SystemExit(f"--suite: unknown suite {suite!r} (w4, w4-parts, w8a8)")
 
 
 def worker(spec: dict) -> dict:
@@ -118,7 +127,7 @@ def _transform_summary(transforms: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2", help="smollm2, gemma3, or a local HF folder")
-    ap.add_argument("--suite", default="w4", help="w4 (AWQ) or w8a8 (SmoothQuant)")
+    ap.add_argument("--suite", default="w4", help="w4 (AWQ), w4-parts (RTN by module kind) or w8a8 (SmoothQuant)")
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-windows", type=int, default=40)
@@ -198,7 +207,7 @@ def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
           f"tokens (Lee corpus); held-out {eval_tokens} tokens; {a.threads} threads")
     print(f"{'run':16s} {'wall s':>8s} {'CPU s':>8s} {'peak RSS MB':>12s} {'perplexity':>11s} {'vs fp32':>8s}  transforms")
     fp = runs.get("fp32", {}).get("perplexity")
-    base = runs.get("rtn" if a.suite == "w4" else "w8a8-rtn", {}).get("perplexity")
+    base = runs.get({"w4": "rtn", "w4-parts": "rtn-all"}.get(a.suite, "w8a8-rtn"), {}).get("perplexity")
     for label, r in runs.items():
         if "error" in r:
             print(f"{label:16s} ERROR {r['error'][-400:]}")
