@@ -79,24 +79,37 @@ def clip_search(w: torch.Tensor, gram: torch.Tensor, args: QuantArgs, grid: int,
     """Per (row, group) clip ratio minimising the group's output error ``d^T G d``; ``[out, groups]``."""
     out, cols = w.shape
     g = gram.shape[-1]
-    wf = w.float()
+    wg = w.float().view(out, -1, g)
     best_err = torch.full((out, cols // g), float("inf"))
     best = torch.ones(out, cols // g)
-    wg = wf.view(out, -1, g)
     hi, lo = wg.amax(-1), wg.amin(-1)
     for i in range(int(max_shrink * grid) + 1):
         c = 1.0 - i / grid
         if args.symmetric:
-            bound = torch.maximum(hi.abs(), lo.abs()) * c
-            clipped = torch.maximum(torch.minimum(wg, bound[..., None]), -bound[..., None])
+            d = wg - _clipped_symmetric(wg, torch.maximum(hi.abs(), lo.abs()) * c, args)
         else:
             clipped = torch.maximum(torch.minimum(wg, (hi * c)[..., None]), (lo * c)[..., None])
-        d = (wf - fake_quantize_weight(clipped.view(out, cols), args)).view(out, -1, g)   # [out, groups, g]
-        err = torch.einsum("ogj,gjk,ogk->og", d, gram, d)
+            d = wg - fake_quantize_weight(clipped.view(out, cols), args).view(out, -1, g)
+        # d^T G_g d per (row, group): one batched product per group, [groups, out, g] @ [groups, g, g]
+        err = (torch.bmm(d.transpose(0, 1), gram).transpose(0, 1) * d).sum(-1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, c), best)
     return best
+
+
+def _clipped_symmetric(wg: torch.Tensor, bound: torch.Tensor, args: QuantArgs) -> torch.Tensor:
+    """``fake_quantize_weight`` of ``wg`` clipped to ``±bound`` per group, in one pass.
+
+    The clipped group's absmax is ``bound`` itself, so its scale is ``bound / 7.5`` (4 bits,
+    ``calculate_qparams``); a clipped element's ratio to that scale is ``±bound / scale``, so
+    clamping ``wg / scale`` to those limits gives the same codes as clipping first, bit for bit.
+    """
+    scale = bound / ((args.qmax - args.qmin) / 2)
+    scale = torch.where(scale == 0, torch.full_like(scale, max(torch.finfo(wg.dtype).tiny, 1e-12)), scale)[..., None]
+    lim = bound[..., None] / scale
+    v = torch.minimum(torch.maximum(wg / scale, -lim), lim)
+    return torch.round(v).clamp(args.qmin, args.qmax) * scale
 
 
 def apply_clip(w: torch.Tensor, ratios: torch.Tensor, symmetric: bool) -> torch.Tensor:
@@ -123,6 +136,7 @@ class AWQ(Transform):
     clip_in_search: bool = False    # score each ratio with its clip ranges searched first (slower)
     search_clip_grid: int | None = None  # the clip grid inside the ratio search (None: clip_grid)
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
+    skip_first: int = 0             # first tokens of each row left out of statistics, Grams and losses
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
     def __post_init__(self) -> None:
@@ -130,6 +144,8 @@ class AWQ(Transform):
             raise QuantkitError("grid: must be >= 1")
         if not 0.0 <= self.max_shrink < 1.0:
             raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
+        if self.skip_first < 0:
+            raise QuantkitError(f"skip_first: must be >= 0, got {self.skip_first}")
         if self.search_tokens < 1:
             raise QuantkitError(f"search_tokens: must be >= 1, got {self.search_tokens}")
 
@@ -143,7 +159,7 @@ class AWQ(Transform):
         linears = sorted({m.balance[0] for m in mappings} | set(targets))
         grams = {n: a.group_size for n, a in targets.items()}
         stats, replays = observe_layer(ctx, linears, [m.parent for m in mappings],
-                                       search_batches(ctx, self.search_tokens), grams)
+                                       search_batches(ctx, self.search_tokens), grams, self.skip_first)
         tensors: dict[str, torch.Tensor] = {}
         summary: dict[str, dict] = {}
         scales_of: dict[str, torch.Tensor] = {}      # per balance linear: the scales its inputs get

@@ -157,3 +157,39 @@ def test_no_scaling_wins_where_every_scaled_grid_loses():
     assert info["ratio"] is None and torch.equal(s, torch.ones(64)), info
     assert info["loss_awq"] == info["loss_rtn"] == 0.0
     assert torch.equal(lin.weight.data, before)          # the search leaves the weights as they were
+
+
+@pytest.mark.parametrize("left_padded", [False, True])
+def test_skip_first_leaves_each_rows_first_real_token_out(left_padded):
+    """``skip_first=1``: statistics, Gram blocks and replays see every real token but the first
+    of each row (the attention sink), also when rows are padded on the left."""
+    from types import SimpleNamespace
+
+    from quantkit.algorithms.observe import observe_layer
+
+    torch.manual_seed(0)
+    layer = torch.nn.Module()
+    layer.fc = torch.nn.Linear(8, 3, bias=False)
+    batches = [torch.randn(2, 5, 8) for _ in range(2)]
+    valid = torch.ones(2, 5, dtype=torch.bool)
+    if left_padded:
+        valid[1, :2] = False            # row 1 starts at position 2
+    first = valid.int().cumsum(1) == 1  # each row's first real token
+    current = {"i": None}
+
+    def forward_batches(batches_=None):
+        for i, x in enumerate(batches):
+            current["i"] = i
+            layer.fc(x)
+        current["i"] = None
+
+    ctx = SimpleNamespace(layer=layer, forward_batches=forward_batches, batch_index=lambda: current["i"],
+                          tokens=lambda x: x[valid])
+    stats, replays = observe_layer(ctx, ["fc"], ["fc"], [0], {"fc": 4}, skip_first=1)
+    seen = torch.cat([x[valid & ~first] for x in batches])
+    assert stats["fc"].count == seen.shape[0] == 2 * (int(valid.sum()) - 2)
+    assert torch.allclose(stats["fc"].abs_mean, seen.abs().mean(0))
+    g = seen.view(-1, 2, 4).transpose(0, 1)
+    assert torch.allclose(stats["fc"].gram, g.transpose(1, 2) @ g, atol=1e-5)
+    assert replays["fc"].num_tokens == int((valid & ~first).sum())
+    assert torch.allclose(replays["fc"].reference[0], layer.fc(batches[0])[valid & ~first])
