@@ -25,7 +25,7 @@ from torch import nn
 from .device import check_device
 from .errors import QuantkitError
 from .formats import staging
-from .formats.compressed_tensors import matches, scheme_for
+from .formats.compressed_tensors import group_for, matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
@@ -245,7 +245,8 @@ def _stderr(line: str) -> None:
 
 def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:
     """What the recipe says about the model's Linear modules, checked before any data is read:
-    each group size divides the width of the modules it quantizes, and each ``ignore`` entry
+    no two config groups target one module equally specifically, each group size divides the
+    width of the modules it quantizes, and each ``ignore`` entry
     keeps some module in high precision (one given in ``required``, ``--ignore``, fails when
     it matches none; one from the recipe warns)."""
     from .pipeline.onload import build_skeleton
@@ -253,9 +254,9 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
     for name, m in linears.items():
-        s = scheme_for(name, "Linear", recipe.groups, list(recipe.ignore))
+        group = group_for(name, "Linear", recipe.groups, list(recipe.ignore), where=recipe.origin)
+        s = recipe.groups[group] if group is not None else None
         if s is not None and s.weights is not None:
-            group = next(g for g, sc in recipe.groups.items() if sc is s)
             s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({name})")
     for pattern in recipe.ignore:
         if pattern == "lm_head" or any(matches(n, "Linear", pattern) for n in names):

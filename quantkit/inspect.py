@@ -36,7 +36,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
     formats = Counter()
     for mod, info in sorted(modules.items()):
         if "weight_packed" in info["tensors"] or "weight_scale" in info["tensors"]:
-            s = scheme_for(mod, "Linear", groups, ignore)
+            s = scheme_for(mod, "Linear", groups, ignore, where=str(cfg_path))
             fmt = s.format if s else "unknown"
             formats[fmt] += 1
             w = s.weights if s else None

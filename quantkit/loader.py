@@ -56,7 +56,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     for name, m in list(model.named_modules()):
         if not isinstance(m, nn.Linear):
             continue
-        s = scheme_for(name, "Linear", groups, ignore)
+        s = scheme_for(name, "Linear", groups, ignore, where=str(path / "config.json"))
         if s is None:
             continue
         q = QuantLinear(m.in_features, m.out_features, m.bias is not None, s, dtype=dtype, device="meta", backend=chosen)

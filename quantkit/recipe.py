@@ -103,6 +103,8 @@ class Recipe:
     eval: dict[StrictStr, Any] = dataclasses.field(default_factory=dict)
     name: StrictStr = "custom"
     kv_cache: KVCacheScheme | None = None  # FP8 KV-cache scales calibrated and written (kv_cache.py)
+    # where the recipe came from (its file), for errors found later against a model; not in to_dict
+    origin: StrictStr = "recipe"
 
     @model_validator(mode="after")
     def _valid_chain(self) -> "Recipe":
@@ -147,7 +149,7 @@ class Recipe:
         if "lm_head" not in ignore:
             ignore = ignore + ("lm_head",)
         return cls(groups, ignore, steps, f.calibration or CalibrationSettings(), f.output or OutputSettings(),
-                   ev, f.name or "custom", f.kv_cache)
+                   ev, f.name or "custom", f.kv_cache, origin=where)
 
     @classmethod
     def from_file(cls, path: str | Path, check_eval: EvalCheck | None = None) -> "Recipe":

@@ -400,6 +400,15 @@ def kv_cache_unknown_key(w, tmp):
         "kv_cache: unknown key 'stratgy'"
 
 
+# target precedence (issue 14): two groups as specific as each other for one module
+@case
+def two_groups_tie_on_a_module(w, tmp):
+    text = ("config_groups:\n  mlp4:\n    targets: ['re:.*mlp\\..*']\n    weights: {num_bits: 4, group_size: 32}\n"
+            "  down8:\n    targets: ['re:.*down_proj']\n    weights: {num_bits: 8}\n")
+    return convert(w.model, tmp, "--calib", tmp / "missing.jsonl", recipe=recipe_file(tmp, text)), \
+        "recipe.yaml: config_groups.mlp4 and config_groups.down8 both target 'model.layers.0.mlp.down_proj' by regex"
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(name, world, tmp_path, private_dirs):
     args, needle = CASES[name](world, tmp_path)

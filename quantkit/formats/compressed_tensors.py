@@ -123,18 +123,59 @@ def _args_from_ct(d: Mapping[str, Any], where: str) -> QuantArgs:
 
 
 # -- matching modules to schemes --------------------------------------------------------------
+#: compressed-tensors' precedence when several groups target one module
+#: (``compressed_tensors.utils.match.match_targets``, first target wins): an exact module name,
+#: then a ``re:`` pattern on the name, then a class name. Ranks index this tuple.
+MATCH_RANKS = ("exact name", "regex", "class")
+
+
+def match_rank(name: str, class_name: str, pattern: str) -> int | None:
+    """How specifically ``pattern`` targets the module (an index of ``MATCH_RANKS``), or ``None``.
+
+    >>> [match_rank("m.down_proj", "Linear", p) for p in ("m.down_proj", "re:.*down", "Linear", "re:x")]
+    [0, 1, 2, None]
+    """
+    if pattern.startswith("re:"):
+        return 1 if re.match(pattern[3:], name) is not None else None
+    if pattern == name:
+        return 0
+    return 2 if pattern == class_name else None
+
+
 def matches(name: str, class_name: str, pattern: str) -> bool:
     """compressed-tensors target matching: 're:<regex>' on the name, else a class or exact name."""
-    if pattern.startswith("re:"):
-        return re.match(pattern[3:], name) is not None
-    return pattern == class_name or pattern == name
+    return match_rank(name, class_name, pattern) is not None
 
 
-def scheme_for(name: str, class_name: str, groups: Mapping[str, QuantScheme], ignore: list[str]) -> QuantScheme | None:
-    """The scheme a module falls under, or ``None`` when ignored or untargeted."""
+def group_for(name: str, class_name: str, groups: Mapping[str, QuantScheme], ignore: list[str],
+              where: str = "") -> str | None:
+    """The key of the config group a module falls under, or ``None`` when ignored or untargeted.
+
+    The most specific match wins, as compressed-tensors resolves it. Two groups matching the
+    module equally specifically are refused (``where`` starts the line): compressed-tensors
+    would pick one by the order of its target strings, and the other would vanish unseen.
+    """
     if any(matches(name, class_name, p) for p in ignore):
         return None
-    for scheme in groups.values():
-        if any(matches(name, class_name, t) for t in scheme.targets):
-            return scheme
-    return None
+    best: dict[str, int] = {}
+    for key, scheme in groups.items():
+        ranks = [r for t in scheme.targets if (r := match_rank(name, class_name, t)) is not None]
+        if ranks:
+            best[key] = min(ranks)
+    if not best:
+        return None
+    top = min(best.values())
+    tied = [k for k, r in best.items() if r == top]
+    if len(tied) > 1:
+        prefix = f"{where}: " if where else ""
+        raise QuantkitError(f"{prefix}config_groups.{tied[0]} and config_groups.{tied[1]} both target '{name}' "
+                            f"by {MATCH_RANKS[top]}: make one of them more specific (an exact name beats a "
+                            "regex, a regex beats a class)")
+    return tied[0]
+
+
+def scheme_for(name: str, class_name: str, groups: Mapping[str, QuantScheme], ignore: list[str],
+               where: str = "") -> QuantScheme | None:
+    """The scheme a module falls under (``group_for``), or ``None`` when ignored or untargeted."""
+    key = group_for(name, class_name, groups, ignore, where)
+    return None if key is None else groups[key]

@@ -33,7 +33,7 @@ from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transfo
 from ..arch import ArchSpec, arch_for
 from ..crashpoints import kill_point
 from ..errors import QuantkitError
-from ..formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from ..formats.compressed_tensors import compress_module, group_for, quantization_config, scheme_for
 from ..formats.staging import RUN_DIR
 from ..formats.writer import ShardWriter
 from ..kv_cache import KVObserver
@@ -86,22 +86,26 @@ def build_steps(recipe: Recipe) -> tuple[list[tuple[str, Transform]], Algorithm]
     return transforms, quantizer
 
 
-def layer_targets(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, QuantScheme]]:
+def layer_groups(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, str]]:
+    """The layer's target linears (names within the layer) -> (module, config group key)."""
     out = {}
     for name, m in layer.named_modules():
         if isinstance(m, nn.Linear):
-            s = scheme_for(f"{prefix}{name}", "Linear", recipe.groups, list(recipe.ignore))
-            if s is not None:
-                out[name] = (m, s)
+            g = group_for(f"{prefix}{name}", "Linear", recipe.groups, list(recipe.ignore), where=recipe.origin)
+            if g is not None:
+                out[name] = (m, g)
     return out
+
+
+def layer_targets(layer: nn.Module, prefix: str, recipe: Recipe) -> dict[str, tuple[nn.Linear, QuantScheme]]:
+    return {name: (m, recipe.groups[g]) for name, (m, g) in layer_groups(layer, prefix, recipe).items()}
 
 
 def _check_widths(layers: nn.Module, layers_path: str, recipe: Recipe) -> None:
     for i, layer in enumerate(layers):
         prefix = f"{layers_path}.{i}."
-        for name, (m, s) in layer_targets(layer, prefix, recipe).items():
-            group = next(g for g, sc in recipe.groups.items() if sc is s)
-            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({prefix}{name})")
+        for name, (m, group) in layer_groups(layer, prefix, recipe).items():
+            recipe.groups[group].weights.check_width(m.in_features, f"config_groups.{group}.weights ({prefix}{name})")
 
 
 def _check_tensors(layers: nn.Module, layers_path: str, source) -> None:
@@ -174,9 +178,9 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         kill_point(f"layer:{i}")
         layer, prefix = layers[i], f"{spec.layers}.{i}."
         materialize(layer, prefix, source, device)
-        targets = layer_targets(layer, prefix, recipe)
-        for _, s in targets.values():
-            lg.groups.extend(g for g, sc in recipe.groups.items() if sc is s and g not in lg.groups)
+        grouped = layer_groups(layer, prefix, recipe)
+        targets = {name: (m, recipe.groups[g]) for name, (m, g) in grouped.items()}
+        lg.groups.extend(dict.fromkeys(g for _, g in grouped.values() if g not in lg.groups))
         kv = None
         if recipe.kv_cache is not None:
             kv = (get_module(layer, spec.attention), KVObserver.for_scheme(recipe.kv_cache, num_tokens))
