@@ -35,7 +35,7 @@ def token_stats(base_logits: Tensor, cand_logits: Tensor, targets: Tensor) -> di
     return {k: torch.cat(v) for k, v in out.items()}
 
 
-def position_buckets(max_len: int, n: int = 8) -> list[int]:
+def position_buckets(max_len: int) -> list[int]:
     """Bucket edges over [0, max_len): powers of two from 128 up, so long-range drift shows."""
     edges, e = [0], 128
     while e < max_len:
@@ -54,3 +54,19 @@ def kl_by_position(kl: Tensor, positions: Tensor, edges: list[int]) -> list[dict
         rows.append({"start": lo, "end": hi, "tokens": n,
                      "kl_mean": float(kl[m].mean()) if n else None})
     return rows
+
+
+def bucket_measures(rows: list[dict]) -> dict[str, float]:
+    """The verdict's view of KL by position: the worst bucket, and the deepest bucket that holds
+    tokens (where KV-cache error has had the whole context to accumulate), with its range.
+
+    >>> rows = kl_by_position(torch.tensor([0.1, 0.3, 0.2]), torch.tensor([5, 130, 300]), [0, 128, 256, 512, 1024])
+    >>> bucket_measures(rows)
+    {'kl_worst_bucket': 0.30000001192092896, 'kl_first_bucket': 0.10000000149011612, 'kl_last_bucket': 0.20000000298023224, 'last_bucket_start': 256, 'last_bucket_end': 512}
+    """
+    filled = [b for b in rows if b["tokens"]]
+    if not filled:
+        return {}
+    return {"kl_worst_bucket": max(b["kl_mean"] for b in filled), "kl_first_bucket": filled[0]["kl_mean"],
+            "kl_last_bucket": filled[-1]["kl_mean"], "last_bucket_start": filled[-1]["start"],
+            "last_bucket_end": filled[-1]["end"]}

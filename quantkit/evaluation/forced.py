@@ -4,13 +4,20 @@ position bucket. Baseline and candidate see identical token windows.
 """
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import torch
+from torch import nn
 
-from .divergence import kl_by_position, position_buckets, token_stats
-from .models import forward_logits
+from .divergence import bucket_measures, kl_by_position, position_buckets, token_stats
+from .models import body_states, head_logits, position_chunks
 from .perplexity import perplexity, rolling_windows
+
+# Logit tokens (batch rows x positions) per head call: 1 GiB a model at Gemma3's vocabulary, float32
+LOGIT_CHUNK_TOKENS = 1024
+View = Callable[[nn.Module], AbstractContextManager]
 
 
 @dataclass
@@ -52,6 +59,10 @@ class ItemStats:
 class ForcedResult:
     items: list[ItemStats]
     buckets: list[dict] = field(default_factory=list)
+    # variants of the candidate (views, e.g. KV-cache options): name -> kl_mean, top1_agreement,
+    # tokens and (with bucket_positions) buckets, on the same windows
+    views: dict[str, dict] = field(default_factory=dict)
+    deepest: int = 0            # the longest context any scored token was predicted from
 
     def summary(self) -> dict:
         n = sum(s.tokens for s in self.items)
@@ -65,9 +76,7 @@ class ForcedResult:
             out["focus_tokens"] = fn
             out["focus_kl_mean"] = sum(s.focus_kl_sum for s in self.items) / fn
             out["focus_top1_agreement"] = sum(s.focus_top1 for s in self.items) / fn
-        filled = [b for b in self.buckets if b["tokens"]]
-        if filled:
-            out["kl_worst_bucket"] = max(b["kl_mean"] for b in filled)
+        out.update(bucket_measures(self.buckets))
         return out
 
 
@@ -77,51 +86,106 @@ def _jobs(encoded: list[Encoded], max_len: int):
             yield k, w
 
 
-def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch_tokens: int,
-               bucket_positions: bool = False, progress=None) -> ForcedResult:
-    """Score every token of every text once, with both models, batching windows by length."""
-    stats = [ItemStats(e.item_id) for e in encoded]
-    jobs = sorted(_jobs(encoded, max_len), key=lambda j: j[1].end - j[1].start)
-    kls, poss = [], []
+def _batches(jobs: list, batch_tokens: int):
+    """Windows sorted by length, grouped so a batch's padded tokens stay within ``batch_tokens``."""
+    jobs = sorted(jobs, key=lambda j: j[1].end - j[1].start)
     i = 0
     while i < len(jobs):
         width = jobs[i][1].end - jobs[i][1].start
-        n = max(1, batch_tokens // max(width, 1))
-        batch = jobs[i:i + n]
+        batch = jobs[i:i + max(1, batch_tokens // max(width, 1))]
         width = max(w.end - w.start for _, w in batch)
         while len(batch) > 1 and len(batch) * width > batch_tokens:
             batch = batch[:-1]
         i += len(batch)
+        yield batch
+
+
+class _Tally:
+    """Per-position KL, top-1 agreement and positions of one variant of the candidate."""
+
+    def __init__(self) -> None:
+        self.kl, self.top1, self.pos = [], [], []
+
+    def add(self, s: dict, positions: torch.Tensor) -> None:
+        self.kl.append(s["kl"])
+        self.top1.append(s["top1"])
+        self.pos.append(positions)
+
+    def result(self, edges: list[int] | None) -> dict:
+        kl, top1 = torch.cat(self.kl), torch.cat(self.top1)
+        out = {"tokens": int(kl.numel()), "kl_mean": float(kl.mean()), "top1_agreement": float(top1.float().mean())}
+        if edges is not None:
+            out["buckets"] = kl_by_position(kl, torch.cat(self.pos), edges)
+            out.update(bucket_measures(out["buckets"]))
+        return out
+
+
+def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch_tokens: int,
+               bucket_positions: bool = False, progress=None, views: Mapping[str, View] | None = None,
+               chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> ForcedResult:
+    """Score every token of every text once, with both models, batching windows by length.
+
+    Each model's body runs once per batch and its head over ``chunk_tokens`` positions at a
+    time. ``views`` (name -> a context manager factory, ``with view(cand) as model:``) are
+    variants of the candidate scored on the same windows against the same baseline logits
+    (KL, top-1 agreement and, with ``bucket_positions``, KL by position)."""
+    views = dict(views or {})
+    stats = [ItemStats(e.item_id) for e in encoded]
+    main, tallies = _Tally(), {name: _Tally() for name in views}
+    for batch in _batches(list(_jobs(encoded, max_len)), batch_tokens):
         seqs = [encoded[k].ids[w.start:w.end] for k, w in batch]
-        lb = forward_logits(base, seqs, pad)
-        lc = forward_logits(cand, seqs, pad)
-        for row, (k, w) in enumerate(batch):
-            e, st = encoded[k], stats[k]
-            L = w.end - w.start
-            p0 = w.score_from
-            targets = torch.tensor(e.ids[w.start + 1 + p0:w.end])
-            if targets.numel() == 0:
-                continue
-            s = token_stats(lb[row, p0:L - 1], lc[row, p0:L - 1], targets)
-            focus = torch.tensor(e.focus[w.start + 1 + p0:w.end], dtype=torch.bool)
-            st.tokens += targets.numel()
-            st.nll_base += float(s["nll_base"].sum())
-            st.nll_cand += float(s["nll_cand"].sum())
-            st.kl_sum += float(s["kl"].sum())
-            st.top1 += int(s["top1"].sum())
-            st.focus_tokens += int(focus.sum())
-            st.focus_kl_sum += float(s["kl"][focus].sum())
-            st.focus_top1 += int(s["top1"][focus].sum())
-            j = int(s["kl"].argmax())
-            if float(s["kl"][j]) > st.worst_kl:
-                st.worst_kl, st.worst_pos = float(s["kl"][j]), w.start + 1 + p0 + j
-            if bucket_positions:
-                kls.append(s["kl"])
-                # context length seen when predicting each target
-                poss.append(torch.arange(p0 + 1, L))
+        width = max(len(q) for q in seqs)
+        hb = body_states(base, seqs, pad)
+        hc = body_states(cand, seqs, pad)
+        hv = {}
+        for name, view in views.items():
+            with view(cand) as model:
+                hv[name] = body_states(model, seqs, pad)
+        for s0, s1 in position_chunks(width, len(batch), chunk_tokens):
+            lb = head_logits(base, hb[:, s0:s1])
+            lc = head_logits(cand, hc[:, s0:s1])
+            lv = {}
+            for name, view in views.items():
+                with view(cand) as model:
+                    lv[name] = head_logits(model, hv[name][:, s0:s1])
+            for row, (k, w) in enumerate(batch):
+                # window position p predicts token w.start + p + 1; this window scores p in
+                # [score_from, L - 1), this chunk holds p in [s0, s1)
+                p0, p1 = max(w.score_from, s0), min(w.end - w.start - 1, s1)
+                if p1 <= p0:
+                    continue
+                e, st = encoded[k], stats[k]
+                targets = torch.tensor(e.ids[w.start + 1 + p0:w.start + 1 + p1])
+                positions = torch.arange(p0 + 1, p1 + 1)   # the context length each target is predicted from
+                s = token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0], targets)
+                _add_item(st, s, e.focus[w.start + 1 + p0:w.start + 1 + p1], w.start + 1 + p0)
+                main.add(s, positions)
+                for name, logits in lv.items():
+                    tallies[name].add(token_stats(lb[row, p0 - s0:p1 - s0], logits[row, p0 - s0:p1 - s0],
+                                                  targets), positions)
         if progress is not None:
             progress(len(batch))
     result = ForcedResult(stats)
-    if bucket_positions and kls:
-        result.buckets = kl_by_position(torch.cat(kls), torch.cat(poss), position_buckets(max_len))
+    if main.kl:
+        edges = position_buckets(max_len) if bucket_positions else None
+        if edges is not None:
+            result.buckets = main.result(edges)["buckets"]
+        result.views = {name: t.result(edges) for name, t in tallies.items() if t.kl}
+        result.deepest = int(max(int(p.max()) for p in main.pos))
     return result
+
+
+def _add_item(st: ItemStats, s: dict, focus: list[bool], first: int) -> None:
+    """Add one run of scored tokens (the first predicting token index ``first``) to an item."""
+    focus = torch.tensor(focus, dtype=torch.bool)
+    st.tokens += s["kl"].numel()
+    st.nll_base += float(s["nll_base"].sum())
+    st.nll_cand += float(s["nll_cand"].sum())
+    st.kl_sum += float(s["kl"].sum())
+    st.top1 += int(s["top1"].sum())
+    st.focus_tokens += int(focus.sum())
+    st.focus_kl_sum += float(s["kl"][focus].sum())
+    st.focus_top1 += int(s["top1"][focus].sum())
+    j = int(s["kl"].argmax())
+    if float(s["kl"][j]) > st.worst_kl:
+        st.worst_kl, st.worst_pos = float(s["kl"][j]), first + j

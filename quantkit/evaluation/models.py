@@ -1,5 +1,11 @@
-"""Thin helpers around a transformers causal LM: device, batched forward, greedy generation."""
+"""Thin helpers around a transformers causal LM: device, batched forward, greedy generation,
+and the forward split in two (the body once, the LM head over a few positions at a time), so a
+long window's logits never sit in memory whole: Gemma3's 262144-entry vocabulary makes them
+12 GB a model for the 11K tokens of the long slices, in float32.
+"""
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -37,6 +43,56 @@ def forward_logits(model: nn.Module, seqs: list[list[int]], pad: int) -> torch.T
     dev = model_device(model)
     out = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False)
     return out.logits.float().cpu()
+
+
+@torch.inference_mode()
+def body_states(model: nn.Module, seqs: list[list[int]], pad: int) -> torch.Tensor:
+    """The body's last hidden states ``[B, T, H]`` for right-padded sequences (what the head reads)."""
+    ids, mask = right_padded(seqs, pad)
+    dev = model_device(model)
+    out = getattr(model, model.base_model_prefix)(input_ids=ids.to(dev), attention_mask=mask.to(dev), use_cache=False)
+    return out.last_hidden_state
+
+
+class _GivenStates(nn.Module):
+    """Stands in for a model's body and returns hidden states computed before."""
+
+    def __init__(self, states: torch.Tensor) -> None:
+        super().__init__()
+        self.states = states
+
+    def forward(self, *args, **kwargs):
+        from transformers.modeling_outputs import BaseModelOutputWithPast
+        return BaseModelOutputWithPast(last_hidden_state=self.states)
+
+
+@torch.inference_mode()
+def head_logits(model: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """Logits ``[B, t, V]`` (float32, CPU) of hidden states ``[B, t, H]`` from ``body_states``.
+
+    The model's own forward runs with its body swapped for one that returns ``states``, so
+    whatever the model does after the body (Gemma's logit soft-capping, a logit scale) is its
+    own code, not a copy of it here."""
+    prefix = model.base_model_prefix
+    body = getattr(model, prefix)
+    setattr(model, prefix, _GivenStates(states))
+    try:
+        dummy = torch.zeros(states.shape[:2], dtype=torch.long, device=states.device)
+        return model(input_ids=dummy, use_cache=False).logits.float().cpu()
+    finally:
+        setattr(model, prefix, body)
+
+
+def position_chunks(width: int, rows: int, chunk_tokens: int) -> Iterator[tuple[int, int]]:
+    """``[start, end)`` position ranges whose logits, over ``rows`` sequences, hold at most
+    about ``chunk_tokens`` tokens.
+
+    >>> list(position_chunks(10, 2, 8))
+    [(0, 4), (4, 8), (8, 10)]
+    """
+    step = max(1, chunk_tokens // max(rows, 1))
+    for s in range(0, width, step):
+        yield s, min(s + step, width)
 
 
 @torch.inference_mode()
