@@ -237,6 +237,45 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     return QuantizedModel(result, recipe, warnings=warnings, out=out)
 
 
+def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Path | Recipe | dict | None" = None,
+                calibration: "str | Path | Sequence | None" = None, *, candidates: "Sequence | None" = None,
+                tokens: int = 8192, labels: str = "sampled", exact_units: int = 0,
+                exact_candidates: "list[str] | None" = None, exact_tokens: int = 2048,
+                log: Callable | None = None, trust_remote_code: bool = False):
+    """Score every unit of the model's decoder layers in every candidate format (``Sensitivity``).
+
+    The recipe says which linears are quantized and, through its one config group's weights,
+    the range observer and activation order each candidate inherits; ``candidates`` are names
+    from ``quantkit.sensitivity.CANDIDATES`` or ``{name, weights}`` mappings (default: all).
+
+    Example:
+        >>> s = quantkit.sensitivity(None, "w4a16-g64-gptq")        # doctest: +SKIP
+        >>> s.ranking("W4_G64")[:3]                                 # the most damaged units
+    """
+    from .sensitivity import candidates_from, sensitivity_search
+
+    recipe = load_recipe(recipe)
+    groups = list(recipe.groups.values())
+    base = groups[0].weights if len(groups) == 1 else None
+    cands = candidates_from(None if candidates is None else list(candidates), base, "candidates")
+    config, source, folder = resolve_model(model, trust_remote_code)
+    try:
+        check_modules(config, recipe, (), lambda _: None)
+        samples = resolve_calibration(calibration, recipe, folder)
+    finally:
+        source.close()
+    net = model if isinstance(model, nn.Module) else _float_model(folder, trust_remote_code)
+    return sensitivity_search(net, config, recipe, samples, cands, tokens=tokens, labels=labels,
+                              exact_units=exact_units, exact_candidates=exact_candidates,
+                              exact_tokens=exact_tokens, log=log)
+
+
+def _float_model(folder: Path, trust_remote_code: bool) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code).eval()
+
+
 def _stderr(line: str) -> None:
     import sys
 

@@ -66,10 +66,21 @@ def _phi3_up_rows(config) -> tuple[int, int]:
     return config.intermediate_size, 2 * config.intermediate_size  # gate_up_proj: [gate; up]
 
 
+# Linears that must share one quantization format: serving engines fuse them into one
+# matrix (vLLM's qkv_proj and gate_up_proj) and refuse shards with different schemes.
+_LLAMA_FUSED = (
+    ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    ("mlp.gate_proj", "mlp.up_proj"),
+)
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     layers: str = "model.layers"
     subgroups: tuple[tuple[str, ...], ...] = _LLAMA_SUBGROUPS
+    # linears of a decoder layer that a mixed-precision plan gives one format (see _LLAMA_FUSED);
+    # every other target linear is planned on its own
+    fused: tuple[tuple[str, ...], ...] = _LLAMA_FUSED
     # where smoothing / AWQ scales can be folded (SmoothMapping)
     smooth_mappings: tuple[SmoothMapping, ...] = _LLAMA_MAPPINGS
     attention: str = "self_attn"
@@ -103,6 +114,7 @@ _PHI3 = ArchSpec(
         SmoothMapping("post_attention_layernorm", ("mlp.gate_up_proj",), "mlp"),
         SmoothMapping("mlp.gate_up_proj", ("mlp.down_proj",), "mlp.down_proj", rows=_phi3_up_rows),
     ),
+    fused=(),   # already one matrix each
     k_proj=None,
     v_proj=None,
 )

@@ -1,0 +1,76 @@
+"""Benchmark: how well the cheap sensitivity scores rank units like the exact KL does.
+
+    python benchmarks/sensitivity.py --model smollm2 [--tokens 8192] [--exact-units 40]
+        [--exact-candidates W4_G64,W8_CHANNEL] [--labels sampled,data] [--json OUT]
+
+One search per label kind (the first also measures ``--exact-units`` units one at a time, spread
+over the depth, in each exact candidate); every score variant is graded against that exact
+KL (Spearman per candidate over units, and pooled), with the time of each part. The recipe is
+the main job's (w4a16-g64-gptq: mse ranges, activation order), calibration the bundled sample.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def model_dir(name: str):
+    if name == "smollm2":
+        return None   # the embedded default
+    if name == "gemma3":
+        from gemma3 import gemma3_model_dir
+        return gemma3_model_dir()
+    return Path(name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--recipe", default="w4a16-g64-gptq")
+    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--exact-units", type=int, default=40)
+    ap.add_argument("--exact-candidates", default="W4_G64,W8_CHANNEL")
+    ap.add_argument("--exact-tokens", type=int, default=2048)
+    ap.add_argument("--labels", default="sampled,data")
+    ap.add_argument("--save", type=Path, default=None, help="sensitivity.json of the first search")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    import torch
+
+    import quantkit
+    from quantkit.sensitivity.search import agreement
+
+    folder = model_dir(args.model)
+    out = {"model": args.model, "recipe": args.recipe, "tokens": args.tokens, "exact_tokens": args.exact_tokens,
+           "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                       "platform": platform.platform(), "torch": torch.__version__}, "runs": {}}
+    first = None
+    for labels in args.labels.split(","):
+        s = quantkit.api.sensitivity(folder, args.recipe, tokens=args.tokens, labels=labels,
+                                     exact_units=args.exact_units if first is None else 0,
+                                     exact_candidates=args.exact_candidates.split(","),
+                                     exact_tokens=args.exact_tokens, log=lambda m: print(m, file=sys.stderr))
+        if first is None:
+            first = s
+            if args.save:
+                s.save(args.save)
+        else:
+            s.exact = first.exact
+            s.agreement = agreement(s)
+        out["runs"][labels] = {"agreement": s.agreement, "seconds": s.seconds, "calibration": s.calibration}
+        print(json.dumps(out["runs"][labels], indent=1), flush=True)
+    text = json.dumps(out, indent=1)
+    if args.json:
+        args.json.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
