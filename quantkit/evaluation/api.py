@@ -6,13 +6,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Mapping
 
 from tqdm.auto import tqdm
 
 from ..errors import QuantkitError
 
 from .code_exec import using_runner
-from .forced import encode_text, run_forced
+from .context import Reach, plan_reach
+from .forced import View, encode_text, run_forced
 from .generation import generation_agreement
 from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
@@ -41,6 +43,8 @@ class EvalResult:
     lm_eval: dict[str, dict] = field(default_factory=dict)            # task -> metric -> base/cand/drop
     integrity: dict | None = None                                     # integrity.IntegrityReport.to_dict()
     warnings: list[str] = field(default_factory=list)                 # what was not measured, and why
+    # long slices: variant of the candidate (e.g. a KV-cache option) -> its KL by position and level
+    variants: dict[str, dict[str, dict]] = field(default_factory=dict)
 
     @property
     def decision(self) -> str:
@@ -77,17 +81,34 @@ def cap(xs: list, n: int | None) -> list:
     return xs[:n] if n is not None else xs
 
 
+@dataclass
+class _Measured:
+    """What one slice gave: its measures, KL by position, worst examples, the variants' results."""
+    values: dict = field(default_factory=dict)
+    buckets: list = field(default_factory=list)
+    examples: list = field(default_factory=list)
+    variants: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+
+
 def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar,
-                   runner: Runner | None) -> tuple[dict, list, list]:
+                   runner: Runner | None, reach: Reach, variants: Mapping[str, View]) -> _Measured:
     pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
-    values, buckets, examples = {}, [], []
+    out = _Measured()
+    values, examples = out.values, out.examples
     texts = cap(sl.of_kind("text"), opt.text_items)
     if texts:
-        limit = max_len if sl.long_context else min(opt.item_tokens, max_len)
+        window = reach.window if sl.long_context else max_len
+        limit = window if sl.long_context else min(opt.item_tokens, max_len)
         encoded = [encode_text(tokenizer, it, limit) for it in texts]
-        forced = run_forced(base, cand, encoded, max_len, pad, opt.batch_tokens, bucket_positions=sl.long_context)
+        forced = run_forced(base, cand, encoded, window, pad, opt.batch_tokens, bucket_positions=sl.long_context,
+                            views=variants if sl.long_context else None)
         values.update(forced.summary())
-        buckets = forced.buckets
+        out.buckets = forced.buckets
+        out.variants = forced.views
+        if sl.long_context:
+            full = [len(tokenizer(it["text"], add_special_tokens=True)["input_ids"]) for it in texts]
+            out.warnings += reach.record(sl.name, full, forced.deepest)
         examples += _worst_text_examples(sl, encoded, forced, tokenizer, show)
         if not sl.long_context and opt.gen_prompts:
             prompts = [e.ids[:opt.prompt_tokens] for e in encoded if len(e.ids) >= opt.prompt_tokens + 8]
@@ -128,18 +149,27 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
                        "code_pass_drop": pb - pc})
         examples += [{"id": a["id"], "baseline_status": a["status"], "candidate_status": b["status"],
                       "candidate": b["completion"]} for a, b in zip(rb, rc) if a["passed"] and not b["passed"]][:2]
-    return values, buckets, examples
+    return out
 
 
 def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice] = "default",
-             max_len: int = 4096, thresholds: dict | Thresholds | None = None,
+             max_len: int | None = None, thresholds: dict | Thresholds | None = None,
              options: SuiteOptions | None = None, calibration_log: str | Path | None = None,
              show_samples: bool = False, footprint: dict | None = None,
              module_errors: dict[str, float] | None = None, progress: bool = True,
              meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
              lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None,
-             integrity=None, unsafe_code_exec: bool = False) -> EvalResult:
+             integrity=None, unsafe_code_exec: bool = False, variants: Mapping[str, View] | None = None,
+             max_len_source: str | None = None) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
+
+    ``max_len`` is the deployment length (``max_len_source`` says where it came from, for the
+    report); None: the baseline's ``max_position_embeddings``. The long-context slices run to it
+    (context.py: a window the machine cannot afford is shortened, texts shorter than it leave
+    positions unmeasured; both are warnings) and are gated on their deepest position bucket.
+    ``variants`` (name -> ``with view(candidate) as model:``, e.g. the candidate with each KV-cache
+    option, or without its own) are scored beside the candidate on the long slices: KL by
+    position and their would-be level, shown in the report, never changing the decision.
 
     ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
     None, the ``language:`` of the model card (README.md) in the folder the baseline was
@@ -160,8 +190,11 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     """
     opt = options or SuiteOptions()
     limit = getattr(getattr(baseline, "config", None), "max_position_embeddings", None)
-    if limit and max_len > limit:
-        raise QuantkitError(f"--max-len: {max_len} exceeds the model's max_position_embeddings ({limit})")
+    if limit and max_len is not None and max_len > limit:
+        raise QuantkitError(f"{max_len_source or '--max-len'}: {max_len} exceeds the model's "
+                            f"max_position_embeddings ({limit})")
+    reach = plan_reach(baseline, max_len, max_len_source)
+    max_len = reach.max_len
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
     slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
     if calibration_log:
@@ -173,16 +206,22 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     for m in (baseline, candidate):
         m.eval()
     runner, code_meta, warnings = open_code_runner(slices, opt, unsafe_code_exec, bool(lm_eval_tasks))
+    if reach.window < reach.max_len and any(s.long_context for s in slices):
+        warnings.append(reach.notes()[0])
     t0, c0 = time.perf_counter(), time.process_time()
-    values, buckets, examples, seconds, cpu = {}, {}, {}, {}, {}
+    values, buckets, examples, seconds, cpu, by_variant = {}, {}, {}, {}, {}, {}
     with tqdm(total=len(slices) * 2, desc="eval", disable=not progress, unit="step") as bar:
         for sl in slices:
             bar.set_postfix_str(sl.name)
             ts, cs = time.perf_counter(), time.process_time()
-            values[sl.name], b, examples[sl.name] = _measure_slice(sl, baseline, candidate, tokenizer, max_len,
-                                                                     opt, show_samples, bar, runner)
-            if b:
-                buckets[sl.name] = b
+            got = _measure_slice(sl, baseline, candidate, tokenizer, max_len, opt, show_samples, bar, runner,
+                                 reach, variants or {})
+            values[sl.name], examples[sl.name] = got.values, got.examples
+            warnings += got.warnings
+            if got.buckets:
+                buckets[sl.name] = got.buckets
+            if got.variants:
+                by_variant[sl.name] = got.variants
             seconds[sl.name] = time.perf_counter() - ts
             cpu[sl.name] = time.process_time() - cs
             bar.update(1)
@@ -204,14 +243,18 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
         warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
         verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))
     examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
+    for name, vs in by_variant.items():   # each variant's would-be level on the slice: information
+        for variant in vs.values():
+            variant["level"] = decide({name: variant}, th).slices[name]
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
-    info = {"max_len": max_len, "suite": [s.name for s in slices], "show_samples": show_samples,
+    info = {"max_len": max_len, "max_len_source": reach.source, "long_context": reach.to_dict(),
+            "long_context_notes": reach.notes(), "suite": [s.name for s in slices], "show_samples": show_samples,
             "seconds_total": time.perf_counter() - t0, "seconds_per_slice": seconds,
             "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
             "languages": gate.to_dict(), **({"code_exec": code_meta} if code_meta else {}), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
                       {s.name: s.public for s in slices}, langs, gate, lm,
-                      None if integrity is None else integrity.to_dict(), warnings)
+                      None if integrity is None else integrity.to_dict(), warnings, by_variant)
 
 
 def open_code_runner(slices: list[Slice], opt: SuiteOptions, unsafe: bool,

@@ -59,7 +59,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
         business_slices(calibration_log)  # and on a bad --calib log
     if max_len is not None:
         check_flag(EvalSection, "max_len", max_len, "--max-len")
-    max_len = max_len if max_len is not None else section.get("max_len") or 4096
+    # the deployment length: the flag, the recipe's, else the baseline's max_position_embeddings
+    source = "--max-len" if max_len is not None else "eval.max_len" if section.get("max_len") else None
+    max_len = max_len if max_len is not None else section.get("max_len")
     gate = (language_gate(languages, base_dir) if languages else
             language_gate(section.get("languages"), base_dir, explicit_source="eval.languages"))
     tok = load_tokenizer(cand_dir, base_dir)
@@ -72,8 +74,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
             return integrity_only(integrity, section.get("thresholds"), {"max_len": max_len, **meta})
     base = load_model(base_dir, device)
     cand = load_model(cand_dir, device)
-    fp = _footprint(base_dir, cand_dir, gpu_mem, max_len, plan)
-    result = evaluate(base, cand, tok, suite=suite, max_len=max_len,
+    from .context import deployment_length
+    fp = _footprint(base_dir, cand_dir, gpu_mem, deployment_length(base, max_len)[0], plan)
+    result = evaluate(base, cand, tok, suite=suite, max_len=max_len, max_len_source=source,
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
@@ -132,7 +135,7 @@ def eval_command(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline model folder (default: the embedded SmolLM2-135M-Instruct)."),
     candidate: str = typer.Option(..., "--candidate", help="Quantized checkpoint folder (or any model folder)."),
     suite: Optional[str] = typer.Option(None, "--suite", help="'default', a comma list of slice names, or a folder of .jsonl slices."),
-    max_len: Optional[int] = typer.Option(None, "--max-len", help="Deployment maximum length: long slices and rolling windows (default 4096)."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Deployment maximum length: long slices and rolling windows (default: the recipe's eval.max_len, else the baseline's max_position_embeddings)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report folder (default: <candidate>/eval)."),
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe whose eval: section sets thresholds, suite, max_len."),
     calib: Optional[Path] = typer.Option(None, "--calib", help="The user's calibration log (JSONL): adds private business slices."),

@@ -20,7 +20,7 @@ from ..formats.writer import ordinary_permissions
 
 SCHEMA_VERSION = 1
 TABLE_MEASURES = ("tokens", "ppl_base", "ppl_cand", "ppl_increase", "kl_mean", "top1_agreement",
-                  "focus_kl_mean", "focus_top1_agreement", "kl_worst_bucket", "gen_agreement",
+                  "focus_kl_mean", "focus_top1_agreement", "kl_worst_bucket", "kl_last_bucket", "gen_agreement",
                   "mc_accuracy_base", "mc_accuracy_cand", "extract_f1_base", "extract_f1_cand",
                   "code_pass_base", "code_pass_cand")
 
@@ -56,6 +56,7 @@ def to_json(result) -> dict:
         "languages": result.languages,
         "lm_eval": result.lm_eval,
         "kl_by_position": result.buckets,
+        "kl_by_position_variants": result.variants,
         "worst_examples": result.examples,
         "footprint": result.footprint,
         "module_errors": result.module_errors,
@@ -140,15 +141,21 @@ def plots(data: dict) -> dict[str, str]:
                 label.set_rotation_mode("anchor")
         out["slices"] = _png(fig)
     if data["kl_by_position"]:
-        fig, ax = plt.subplots(figsize=(7, 3.6))
-        for name, rows in data["kl_by_position"].items():
-            rows = [r for r in rows if r["tokens"]]
-            ax.plot([r["end"] for r in rows], [r["kl_mean"] for r in rows], marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context length (bucket end, tokens)")
-        ax.set_ylabel("mean KL, nats")
-        ax.set_title("KL by position")
-        ax.legend()
+        names = list(data["kl_by_position"])
+        fig, axes = plt.subplots(1, len(names), figsize=(7 * len(names), 3.6), squeeze=False)
+        for ax, name in zip(axes[0], names):
+            lowest = float("inf")
+            for label, rows in position_lines(data, name):
+                rows = [r for r in rows if r["tokens"]]
+                ax.plot([r["end"] for r in rows], [r["kl_mean"] for r in rows], marker="o", label=label)
+                lowest = min([lowest] + [r["kl_mean"] for r in rows])
+            ax.set_xscale("log", base=2)
+            if lowest > 0:   # weight-only and KV options can differ by orders of magnitude
+                ax.set_yscale("log")
+            ax.set_xlabel("context length (bucket end, tokens)")
+            ax.set_ylabel("mean KL, nats")
+            ax.set_title(f"KL by position: {name}")
+            ax.legend(fontsize=8)
         out["position"] = _png(fig)
     if data.get("module_errors"):
         errs = data["module_errors"]
@@ -207,6 +214,28 @@ def _integrity_heat_map(integrity: dict, plt) -> dict[str, str]:
 
 # --- Markdown -----------------------------------------------------------------------------
 
+def _source(meta: dict) -> str:
+    return f" ({meta['max_len_source']})" if meta.get("max_len_source") else ""
+
+
+def position_lines(data: dict, name: str) -> list[tuple[str, list[dict]]]:
+    """The lines of a long slice's KL-by-position plot: the candidate, then each variant."""
+    lines = [(data["meta"].get("candidate_label") or "candidate", data["kl_by_position"][name])]
+    variants = (data.get("kl_by_position_variants") or {}).get(name, {})
+    return lines + [(v, r["buckets"]) for v, r in variants.items() if r.get("buckets")]
+
+
+VARIANT_COLUMNS = ("kl_mean", "top1_agreement", "kl_first_bucket", "kl_last_bucket", "kl_worst_bucket")
+
+
+def _variants(data: dict, name: str) -> dict[str, dict]:
+    return (data.get("kl_by_position_variants") or {}).get(name, {})
+
+
+def _slice_notes(data: dict, name: str) -> list[str]:
+    return [n for n in data["meta"].get("long_context_notes") or [] if n.startswith(f"{name}: ")]
+
+
 def _columns(data: dict) -> list[str]:
     return [m for m in TABLE_MEASURES if any(v.get(m) is not None for v in data["slices"].values())]
 
@@ -239,7 +268,7 @@ def markdown(data: dict) -> str:
     lines = [f"# quantkit evaluation: **{data['decision']}**", ""]
     m = data["meta"]
     lines += [f"Baseline `{m.get('baseline', '?')}`, candidate `{m.get('candidate', '?')}`, "
-              f"max length {m['max_len']}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
+              f"max length {m['max_len']}{_source(m)}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
     if m.get("slices_skipped"):
         lines += [f"**{m['slices_skipped']}**", ""]
     if data.get("warnings"):
@@ -263,8 +292,20 @@ def markdown(data: dict) -> str:
                   f"{v['slices'].get(f'lm-eval:{t}', '–')} |" for t, mt, r in _lm_rows(data)] + [""]
     for name, rows in data["kl_by_position"].items():
         note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
-        lines += [f"## KL by position: {name}{note}", "", "| positions | tokens | mean KL |", "|---|---|---|"]
-        lines += [f"| {r['start']}–{r['end']} | {r['tokens']} | {fmt(r['kl_mean'])} |" for r in rows] + [""]
+        variants = _variants(data, name)
+        label = m.get("candidate_label") or "candidate"
+        lines += [f"## KL by position: {name}{note}", ""] + [n for n in _slice_notes(data, name)] + [""]
+        lines += ["| positions | tokens | " + " | ".join([label, *variants]) + " |", "|---|---|" + "---|" * (1 + len(variants))]
+        for i, r in enumerate(rows):
+            others = [fmt(x["buckets"][i]["kl_mean"]) for x in variants.values()]
+            lines.append(f"| {r['start']}–{r['end']} | {r['tokens']} | " + " | ".join([fmt(r["kl_mean"]), *others]) + " |")
+        lines.append("")
+        if variants:
+            lines += ["Variants of the candidate on the same windows (information: they do not change the decision):",
+                      "", "| variant | " + " | ".join(VARIANT_COLUMNS) + " | would-be level |",
+                      "|---|" + "---|" * (len(VARIANT_COLUMNS) + 1)]
+            lines += [f"| {vn} | " + " | ".join(fmt(x.get(c)) for c in VARIANT_COLUMNS) + f" | {x['level']} |"
+                      for vn, x in variants.items()] + [""]
     if data.get("footprint"):
         lines += ["## Deployment footprint", "", "| quantity | value |", "|---|---|"]
         lines += [f"| {k} | {fmt(val)} |" for k, val in data["footprint"].items()] + [""]
@@ -335,7 +376,7 @@ def render_html(data: dict, images: dict[str, str]) -> str:
              f"<h1>quantkit evaluation: <span class='{e(data['decision'])}' id='decision'>{e(data['decision'])}</span></h1>",
              f"<p>Baseline <code>{e(str(data['meta'].get('baseline', '?')))}</code>, candidate "
              f"<code>{e(str(data['meta'].get('candidate', '?')))}</code>, max length "
-             f"<span data-path='meta.max_len'>{data['meta']['max_len']}</span>.</p>",
+             f"<span data-path='meta.max_len'>{data['meta']['max_len']}</span>{e(_source(data['meta']))}.</p>",
              f"<p id='gating'>{e(gating_text(data))}</p>"]
     if data["meta"].get("slices_skipped"):
         parts.append(f"<p id='slices_skipped'><b>{e(data['meta']['slices_skipped'])}</b></p>")
@@ -376,14 +417,30 @@ def render_html(data: dict, images: dict[str, str]) -> str:
         parts.append("<h2>KL by position</h2>")
         if "position" in images:
             parts.append(f"<img alt='KL by position' src='data:image/png;base64,{images['position']}'>")
+        label = data["meta"].get("candidate_label") or "candidate"
         for name, rows in data["kl_by_position"].items():
             note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
-            parts.append(f"<h3>{e(name + note)}</h3><table><tr><th>start</th><th>end</th><th>tokens</th>"
-                         "<th>mean KL</th></tr>")
+            variants = _variants(data, name)
+            parts.append(f"<h3>{e(name + note)}</h3>" + "".join(f"<p>{e(n)}</p>" for n in _slice_notes(data, name)))
+            parts.append("<table><tr><th>start</th><th>end</th><th>tokens</th>"
+                         + "".join(f"<th>{e(x)}</th>" for x in (label, *variants)) + "</tr>")
             for i, r in enumerate(rows):
                 parts.append("<tr>" + "".join(_cell(r[k], f"kl_by_position.{name}.{i}.{k}")
-                                              for k in ("start", "end", "tokens", "kl_mean")) + "</tr>")
+                                              for k in ("start", "end", "tokens", "kl_mean"))
+                             + "".join(_cell(x["buckets"][i]["kl_mean"],
+                                             f"kl_by_position_variants.{name}.{vn}.buckets.{i}.kl_mean")
+                                       for vn, x in variants.items()) + "</tr>")
             parts.append("</table>")
+            if variants:
+                parts.append("<p>Variants of the candidate on the same windows (information: they do not change "
+                             "the decision):</p><table><tr><th>variant</th>"
+                             + "".join(f"<th>{e(c)}</th>" for c in VARIANT_COLUMNS) + "<th>would-be level</th></tr>")
+                for vn, x in variants.items():
+                    parts.append(f"<tr><td>{e(vn)}</td>"
+                                 + "".join(_cell(x.get(c), f"kl_by_position_variants.{name}.{vn}.{c}")
+                                           for c in VARIANT_COLUMNS)
+                                 + f"<td class='{e(x['level'])}'>{e(x['level'])}</td></tr>")
+                parts.append("</table>")
     if "modules" in images:
         parts.append(f"<h2>Per-module quantization error</h2><img alt='per-module error' "
                      f"src='data:image/png;base64,{images['modules']}'>")

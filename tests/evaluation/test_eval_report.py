@@ -1,5 +1,6 @@
 """Acceptance 4: the HTML renders with its plots and its numbers equal the JSON's."""
 import base64
+import contextlib
 import io
 import json
 
@@ -22,7 +23,10 @@ def saved(base, tok, tmp_path_factory):
                        public=False))
     # a little error everywhere (4-bit) and a lot past position 1024
     cand = broken_past(fake_quant_linears(base, 4, group=32), 1024, 3.0)
-    r = evaluate(base, cand, tok, suite=suite, max_len=1536, thresholds=TINY_THRESHOLDS,
+    # variants scored beside it on the long slice: its 4-bit weights alone, and an 8-bit copy
+    variants = {"4-bit only": lambda m: contextlib.nullcontext(fake_quant_linears(base, 4, group=32)),
+                "8-bit": lambda m: contextlib.nullcontext(fake_quant_linears(base, 8))}
+    r = evaluate(base, cand, tok, suite=suite, max_len=1536, thresholds=TINY_THRESHOLDS, variants=variants,
                  options=FAST, progress=False, module_errors={"model.layers.0.mlp.up_proj": 31.5,
                                                               "model.layers.1.mlp.up_proj": 12.25},
                  footprint={"kv_bytes_per_token": 4096, "concurrency": 3},
@@ -82,6 +86,24 @@ def test_markdown_and_json_agree_on_the_verdict(saved):
     for reason in data["verdict"]["reasons"]:
         assert reason["text"] in md
     assert data["kl_by_position"]["long-en"][-1]["kl_mean"] > 0.2
+
+
+def test_variants_sit_beside_the_candidate_and_never_decide(saved):
+    r, out = saved
+    data = json.loads((out / "report.json").read_text())
+    v = data["kl_by_position_variants"]["long-en"]
+    assert list(v) == ["4-bit only", "8-bit"] and set(data["kl_by_position_variants"]) == {"long-en"}
+    # the 4-bit weights alone show no jump past 1024; the candidate (4-bit + the late fault) does
+    four, cand = v["4-bit only"]["buckets"], data["kl_by_position"]["long-en"]
+    assert [b["start"] for b in four] == [b["start"] for b in cand]
+    assert cand[-1]["kl_mean"] > 2 * four[-1]["kl_mean"] and cand[0]["kl_mean"] == pytest.approx(four[0]["kl_mean"])
+    assert v["8-bit"]["level"] == "GO" and v["8-bit"]["kl_last_bucket"] < 0.02
+    assert {x.slice for x in r.verdict.reasons} >= {"long-en"} and "8-bit" not in json.dumps(data["verdict"])
+    md = (out / "report.md").read_text()
+    assert "| positions | tokens | candidate | 4-bit only | 8-bit |" in md
+    html_cells = parse((out / "report.html").read_text()).cells
+    assert "kl_by_position_variants.long-en.8-bit.buckets.0.kl_mean" in html_cells
+    assert "kl_by_position_variants.long-en.4-bit only.kl_last_bucket" in html_cells
 
 
 def test_business_text_stays_out_unless_asked(saved, base, tok, tmp_path):

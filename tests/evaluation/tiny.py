@@ -128,3 +128,35 @@ TINY_THRESHOLDS = {"top1_agreement": {"review": 0.85, "nogo": 0.6},
 
 FAST = SuiteOptions(item_tokens=128, gen_prompts=2, gen_tokens=8, extract_tokens=8, code_tokens=16,
                     code_timeout_s=3.0, batch_tokens=1024)
+
+
+def massive_key_model(vocab: int, value: float = 8.0, seed: int = 0) -> LlamaForCausalLM:
+    """A tiny Llama whose keys carry a massive value in their lowest-frequency rotary pair (a
+    k_proj bias of ``value`` on both channels of the pair, ``j`` and ``j + head_dim / 2``), as
+    large language models' keys do (Jin et al., 2025, "Massive values in self-attention modules
+    are the key to contextual knowledge understanding": concentrated in low-frequency RoPE
+    dimensions). Rotary embedding turns that pair by ``position * theta``: at 45 degrees one
+    channel holds ``sqrt(2) * value``, where a short prompt (its small angle) shows about
+    ``value``; so a static KV scale calibrated on short rows clips the keys deep in a long
+    context, and only there.
+
+    Weights are drawn smaller than ``tiny_model``'s (std 0.1, not 0.2) and the head is 5x
+    sharper: a random model's argmax sits on near-ties, and with the usual weights the rounding
+    of FP8 K alone flips a fifth of them; here it flips about a tenth while KL still shows it."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                      initializer_range=0.1, tie_word_embeddings=False, attention_bias=True)
+    m = LlamaForCausalLM(cfg).eval()
+    d = cfg.hidden_size // cfg.num_attention_heads
+    with torch.no_grad():
+        m.lm_head.weight.mul_(5.0)
+        for layer in m.model.layers:
+            attn = layer.self_attn
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                if proj.bias is not None:
+                    proj.bias.zero_()
+            k = attn.k_proj.bias.view(cfg.num_key_value_heads, d)
+            k[:, d // 2 - 1] = value   # inv_freq falls with the channel: d/2 - 1 turns slowest
+            k[:, d - 1] = value
+    return m
