@@ -210,7 +210,7 @@ def test_kv_attention_equals_qdq_then_plain_attention(arch, kv_heads, strategy):
     ids = torch.randint(0, 128, (2, 24), generator=g)
     with torch.no_grad():
         plain = model(ids).logits
-        assert use_kv_attention(model).startswith("quantkit_fp8_kv|")
+        assert use_kv_attention(model).startswith("quantkit_kv|")
         got = model(ids).logits
         AttentionInterface.register("test_plain_kv", _plain_kv_reference)
         AttentionMaskInterface.register("test_plain_kv", ALL_MASK_ATTENTION_FUNCTIONS["eager"])
@@ -234,7 +234,7 @@ def test_load_selects_kv_attention_from_the_checkpoint(checkpoints, src, strateg
     ckpt = checkpoints[strategy]
     model = quantkit.load(ckpt)
     info = model.quantkit_info
-    assert info["kv_cache"] == strategy and info["attention"].startswith("quantkit_fp8_kv|")
+    assert info["kv_cache"] == strategy and info["attention"].startswith("quantkit_kv|")
     attn = model.model.layers[1].self_attn
     assert torch.equal(attn.k_scale, _tensors(ckpt)["model.layers.1.self_attn.k_scale"])
     ids = torch.tensor(random_ids(1, 16, seed=3))
