@@ -27,6 +27,7 @@ from .errors import QuantkitError
 from .formats import staging
 from .formats.compressed_tensors import group_for, matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
+from .kv_cache.long_rows import long_rows
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
@@ -205,6 +206,10 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         samples = None
         if recipe.needs_calibration:
             samples = resolve_calibration(calibration, recipe, folder, warn)
+            kv = recipe.kv_cache
+            if kv is not None and kv.long_rows:
+                origin = calibration if calibration is not None else recipe.calibration.dataset
+                samples = samples + long_rows(origin, kv.long_rows, kv.long_len, lambda: _tokenizer(folder), warn)
         elif calibration is not None:
             warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
                  f"{', '.join(s.name for s in recipe.steps)}; no static activation scales); not used")

@@ -4,6 +4,7 @@ formats ``quantkit.load`` / ``quantkit eval --kv`` evaluate, one concept per fil
 - ``scheme.py``     the recipe's ``kv_cache:`` (FP8, ``tensor`` / ``attn_head``) and the
                     ``k_scale`` / ``v_scale`` layout compressed-tensors and vLLM read;
 - ``observer.py``   post-rope K and V observed where the cache stores them (convert);
+- ``long_rows.py``  the calibration source's longest rows, added for the KV observer;
 - ``numerics.py``   what each cache holds: static FP8, per-token-head FP8 / INT8 (vLLM's
                     dynamic formats), KIVI's min-max groups (pure functions);
 - ``kivi.py``       INT8 with K per channel and V per token, K's residual kept in full precision;

@@ -13,10 +13,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import StrictBool, StrictInt, model_validator
+from pydantic import Field, StrictBool, StrictInt, model_validator
 from torch import nn
 
 from ..primitives import FP8_MAX
@@ -37,6 +37,10 @@ class KVCacheScheme:
     # "minmax": the absmax of what the cache stores; "mse": the range p * absmax (p from 1 down
     # to MSE_MIN_RATIO) with the least quantization error on a subsample of the calibration tokens
     observer: Literal["minmax", "mse"] = "minmax"
+    # the calibration source's longest rows, each up to long_len tokens, added to the calibration
+    # set (they propagate like every row): the KV ranges of long contexts (long_rows.py)
+    long_rows: Annotated[StrictInt, Field(ge=0)] = 0
+    long_len: Annotated[StrictInt, Field(ge=16)] = 4096
 
     @model_validator(mode="after")
     def _fp8(self) -> "KVCacheScheme":
