@@ -144,25 +144,21 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
         for s0, s1 in position_chunks(width, len(batch), chunk_tokens):
             lb = head_logits(base, hb[:, s0:s1])
             lc = head_logits(cand, hc[:, s0:s1])
-            lv = {}
+            for row, k, w, p0, p1 in _scored(batch, s0, s1):
+                e = encoded[k]
+                targets = torch.tensor(e.ids[w.start + 1 + p0:w.start + 1 + p1])
+                s = token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0], targets)
+                _add_item(stats[k], s, e.focus[w.start + 1 + p0:w.start + 1 + p1], w.start + 1 + p0)
+                main.add(s, torch.arange(p0 + 1, p1 + 1))
+            del lc   # one variant's logits at a time: 1 GiB a chunk at Gemma3's vocabulary
             for name, view in views.items():
                 with view(cand) as model:
-                    lv[name] = head_logits(model, hv[name][:, s0:s1])
-            for row, (k, w) in enumerate(batch):
-                # window position p predicts token w.start + p + 1; this window scores p in
-                # [score_from, L - 1), this chunk holds p in [s0, s1)
-                p0, p1 = max(w.score_from, s0), min(w.end - w.start - 1, s1)
-                if p1 <= p0:
-                    continue
-                e, st = encoded[k], stats[k]
-                targets = torch.tensor(e.ids[w.start + 1 + p0:w.start + 1 + p1])
-                positions = torch.arange(p0 + 1, p1 + 1)   # the context length each target is predicted from
-                s = token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0], targets)
-                _add_item(st, s, e.focus[w.start + 1 + p0:w.start + 1 + p1], w.start + 1 + p0)
-                main.add(s, positions)
-                for name, logits in lv.items():
-                    tallies[name].add(token_stats(lb[row, p0 - s0:p1 - s0], logits[row, p0 - s0:p1 - s0],
-                                                  targets), positions)
+                    lv = head_logits(model, hv[name][:, s0:s1])
+                for row, k, w, p0, p1 in _scored(batch, s0, s1):
+                    targets = torch.tensor(encoded[k].ids[w.start + 1 + p0:w.start + 1 + p1])
+                    tallies[name].add(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0], targets),
+                                      torch.arange(p0 + 1, p1 + 1))
+                del lv
         if progress is not None:
             progress(len(batch))
     result = ForcedResult(stats)
@@ -173,6 +169,17 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
         result.views = {name: t.result(edges) for name, t in tallies.items() if t.kl}
         result.deepest = int(max(int(p.max()) for p in main.pos))
     return result
+
+
+def _scored(batch: list, s0: int, s1: int):
+    """(row, item, window, p0, p1) for each window of ``batch`` with scored positions in chunk
+    ``[s0, s1)``: window position p predicts token ``w.start + p + 1``; the window scores p in
+    ``[score_from, L - 1)``, the chunk holds ``[s0, s1)``. The context length each target is
+    predicted from is ``p + 1``."""
+    for row, (k, w) in enumerate(batch):
+        p0, p1 = max(w.score_from, s0), min(w.end - w.start - 1, s1)
+        if p1 > p0:
+            yield row, k, w, p0, p1
 
 
 def _add_item(st: ItemStats, s: dict, focus: list[bool], first: int) -> None:
