@@ -1,7 +1,10 @@
 """Deployment footprint: weight bytes before/after quantization, KV-cache bytes per token,
 and how many requests of a given context fit in a GPU's memory.
 
-KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element.
+KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per element; with a
+quantized-KV option (``quantkit.kv_cache.kv_option``) the option's own count instead: its codes,
+the scales it stores per token, the unquantized part (K-only / V-only) at ``kv``'s size, and
+what it keeps per request whatever the length (KIVI's newest keys).
 Weight bytes = parameters x bits / 8, before scale and zero-point overhead (reported
 separately for grouped schemes: one 16-bit scale, plus a zero point when asymmetric, per
 group of ``group_size`` weights).
@@ -142,6 +145,7 @@ class Footprint:
     kv_bytes_per_token: int
     max_len: int
     kv_bytes_per_request: int
+    kv_bytes_fixed: int           # per request whatever its length (KIVI's full-precision keys)
     params_total: int
     params_quantizable: int
     weights_before: str
@@ -159,8 +163,9 @@ class Footprint:
 
 def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 8192,
          weights: str | None = None, kv: str = "fp16", group_size: int | None = 128,
-         symmetric: bool = True, utilization: float = 0.9) -> Footprint:
-    """Deployment footprint of ``model`` quantized to ``weights`` with a ``kv`` KV cache.
+         symmetric: bool = True, utilization: float = 0.9, kv_option=None) -> Footprint:
+    """Deployment footprint of ``model`` quantized to ``weights`` with a ``kv`` KV cache, or the
+    quantized cache ``kv_option`` (a ``KVOption``; ``kv`` is then the unquantized part's type).
 
     >>> cfg = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
     ...            num_key_value_heads=8, vocab_size=128256, intermediate_size=14336)
@@ -183,10 +188,16 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     if b_after < 8 and group_size:
         per_group = 2 + (0 if symmetric else 1)   # fp16 scale (+ int8 zero point)
         scales = shape.params_quantizable // group_size * per_group
-    per_tok = kv_bytes_per_token(shape.layers, shape.kv_heads, shape.head_dim, kv_bits / 8)
-    per_req = per_tok * max_len
+    dims = (shape.layers, shape.kv_heads, shape.head_dim)
+    if kv_option is None:
+        per_tok, fixed, kv_name = kv_bytes_per_token(*dims, kv_bits / 8), 0, kv
+    else:
+        per_tok = int(math.ceil(kv_option.bytes_per_token(*dims, base_bytes=kv_bits / 8)))
+        fixed = int(kv_option.residual_bytes(*dims, base_bytes=kv_bits / 8))
+        kv_name = kv_option.name
+    per_req = per_tok * max_len + fixed
     free = mem * utilization - wb_after - scales
     conc = max(0, int(free // per_req))
-    return Footprint(shape.layers, shape.kv_heads, shape.head_dim, kv, per_tok, max_len, per_req,
+    return Footprint(shape.layers, shape.kv_heads, shape.head_dim, kv_name, per_tok, max_len, per_req, fixed,
                      shape.params_total, shape.params_quantizable, before, after, wb_before, wb_after,
                      scales, mem, utilization, conc)

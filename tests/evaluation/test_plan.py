@@ -53,3 +53,24 @@ def test_plan_cli(tmp_path):
     assert d["kv_bytes_per_token"] == 131072 and d["kv_bytes_per_request"] == GiB
     r = CliRunner().invoke(app, [str(tmp_path), "--kv", "fp7"])
     assert r.exit_code == 2 and "--kv" in r.output
+
+
+def test_plan_with_a_quantized_kv_option():
+    """The footprint of a KV option: its own bytes per token (codes, per-token scales, the part it
+    leaves unquantized at ``kv``'s size) and what it keeps per request whatever the length."""
+    from quantkit.kv_cache import kv_option
+
+    fp16 = plan(LLAMA3_8B, "80GiB", 8192, weights="int4", kv="fp16", utilization=1.0)
+    head = plan(LLAMA3_8B, "80GiB", 8192, weights="int4", kv_option=kv_option("fp8-token-head"), utilization=1.0)
+    # 32 layers x 8 KV heads x (K and V: 128 one-byte codes + a float32 scale)
+    assert head.kv_bytes_per_token == 32 * 8 * 2 * (128 + 4) and head.kv_dtype == "fp8-token-head"
+    assert head.kv_bytes_fixed == 0 and head.kv_bytes_per_request == head.kv_bytes_per_token * 8192
+    free = 80 * GiB - head.weight_bytes_after - head.scale_bytes
+    assert head.concurrency == int(free // head.kv_bytes_per_request) > fp16.concurrency
+    k_only = plan(LLAMA3_8B, "80GiB", 8192, kv_option=kv_option("fp8-tensor:k"))
+    assert k_only.kv_bytes_per_token == 32 * 8 * (128 + 128 * 2)          # V stays 2 bytes
+    kivi = plan(LLAMA3_8B, "80GiB", 8192, kv_option=kv_option("int8-kivi"))
+    # K: a float16 scale and minimum per channel per 32 tokens; V: per 32 channels of a token
+    assert kivi.kv_bytes_per_token == 32 * 8 * ((128 + 128 * 4 / 32) + (128 + 4 * 4))
+    assert kivi.kv_bytes_fixed == 32 * 8 * 128 * 2 * 128                   # the newest 128 keys, fp16
+    assert kivi.kv_bytes_per_request == kivi.kv_bytes_per_token * 8192 + kivi.kv_bytes_fixed
