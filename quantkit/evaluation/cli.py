@@ -85,11 +85,26 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     return result
 
 
-def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan) -> dict:
+def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan, kv_option=None) -> dict:
+    """The deployment footprint with the KV cache evaluated: ``kv_option`` (``--kv``'s first), else
+    the checkpoint's own ``kv_cache_scheme`` (FP8 per tensor or per head), else fp16."""
     bits = _checkpoint_bits(cand_dir)
-    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16").to_dict()
+    if kv_option is None:
+        kv_option = _checkpoint_kv(cand_dir)
+    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16", kv_option=kv_option).to_dict()
     fp["candidate_bytes_on_disk"] = sum(p.stat().st_size for p in cand_dir.glob("*.safetensors"))
     return fp
+
+
+def _checkpoint_kv(ckpt: Path):
+    """The KV option a checkpoint's ``kv_cache_scheme`` deploys (None without one)."""
+    from ..kv_cache import kv_option
+
+    cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
+    scheme = cfg.get("kv_cache_scheme")
+    if not scheme:
+        return None
+    return kv_option("fp8-tensor" if scheme.get("strategy") == "tensor" else "fp8-head")
 
 
 def _checkpoint_bits(ckpt: Path) -> str | None:

@@ -87,3 +87,22 @@ def test_unknown_eval_key_in_recipe(folders, tmp_path):
     r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
                                    "--recipe", str(bad)])
     assert r.exit_code == 2 and "r.yaml: eval: unknown key 'tresholds'" in r.output
+
+
+def test_the_footprint_uses_the_checkpoints_kv_cache(folders, tok):
+    """A checkpoint with FP8 KV scales deploys an FP8 cache: the footprint's bytes per token and
+    concurrency are the FP8 cache's, not fp16's (and the default max length is the model's)."""
+    calib = [tok("The national executive appointed a senator as interim leader in 2001.")["input_ids"]] * 2
+    quantkit.quantize(str(folders / "base"), {"scheme": "W8A16", "kv_cache": {"strategy": "attn_head"}},
+                      calibration=calib).save(folders / "w8a16-kv")
+    out = folders / "report-kv"
+    section = folders / "recipe-kv.yaml"
+    section.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": {**EVAL, "suite": "numbers-en"}}))
+    r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16-kv"),
+                                   "--recipe", str(section), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    fp = json.loads((out / "report.json").read_text())["footprint"]
+    plain = json.loads((folders / "report" / "report.json").read_text())["footprint"]
+    assert plain["kv_dtype"] == "fp16" and fp["kv_dtype"] == "fp8-head"
+    assert fp["kv_bytes_per_token"] * 2 == plain["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # 2 layers, 2 heads x 16
+    assert fp["concurrency"] >= 2 * plain["concurrency"] - 1
