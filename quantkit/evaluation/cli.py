@@ -190,18 +190,23 @@ def plan_command(
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory, e.g. 80GiB, 24GB."),
     max_len: int = typer.Option(8192, "--max-len", help="Context length per request."),
     weights: Optional[str] = typer.Option(None, "--weights", help="Weight type after quantization: int4, int8, fp8, bf16..."),
-    kv: str = typer.Option("fp16", "--kv", help="KV-cache type: fp16, bf16, fp8, int8."),
+    kv: str = typer.Option("fp16", "--kv", help="KV-cache type: fp16, bf16, fp8, int8, or a quantized-KV option as quantkit eval --kv names it (fp8-token-head, int8-kivi, fp8-tensor:k, ...)."),
     group_size: int = typer.Option(128, "--group-size", help="Group size for the scale overhead of 4-bit weights."),
     utilization: float = typer.Option(0.9, "--utilization", help="Fraction of GPU memory the server may use."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
-    from .plan import plan
+    from .plan import BITS, plan
 
     try:
         from .checkpoint import resolve_dir
+        option = None
+        if kv not in BITS:   # an option's error names --kv and lists the options
+            from ..kv_cache import kv_option
+            option, kv = kv_option(kv), "fp16"
         target = model if model and Path(model).is_file() else resolve_dir(model)
-        fp = plan(target, gpu_mem, max_len, weights=weights, kv=kv, group_size=group_size, utilization=utilization)
+        fp = plan(target, gpu_mem, max_len, weights=weights, kv=kv, group_size=group_size, utilization=utilization,
+                  kv_option=option)
     except QuantkitError as e:
         _fail(str(e))
     if as_json:
@@ -212,6 +217,7 @@ def plan_command(
                f"{fp.params_total:,} parameters ({fp.params_quantizable:,} in decoder Linear layers)")
     typer.echo(f"weights: {fp.weights_before} {fp.weight_bytes_before / gib:.2f} GiB -> {fp.weights_after} "
                f"{fp.weight_bytes_after / gib:.2f} GiB (+{fp.scale_bytes / gib:.3f} GiB scales)")
+    fixed = f" (of which {fp.kv_bytes_fixed / 2**20:g} MiB whatever its length)" if fp.kv_bytes_fixed else ""
     typer.echo(f"KV cache ({fp.kv_dtype}): {fp.kv_bytes_per_token / 1024:g} KiB per token, "
-               f"{fp.kv_bytes_per_request / gib:.3f} GiB per {fp.max_len}-token request")
+               f"{fp.kv_bytes_per_request / gib:.3f} GiB per {fp.max_len}-token request{fixed}")
     typer.echo(f"concurrency at {fp.gpu_mem_bytes / gib:g} GiB x {fp.utilization:g}: {fp.concurrency} requests")

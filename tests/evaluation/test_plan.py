@@ -53,6 +53,12 @@ def test_plan_cli(tmp_path):
     assert d["kv_bytes_per_token"] == 131072 and d["kv_bytes_per_request"] == GiB
     r = CliRunner().invoke(app, [str(tmp_path), "--kv", "fp7"])
     assert r.exit_code == 2 and "--kv" in r.output
+    r = CliRunner().invoke(app, [str(tmp_path), "--max-len", "8192", "--kv", "int8-kivi:k"])
+    assert r.exit_code == 0, r.output
+    # K: 128 codes + a float16 scale and minimum per channel per 32 tokens; V fp16: 32 x 8 x 400 bytes
+    assert "KV cache (int8-kivi:k): 100 KiB per token" in r.output and "(of which 8 MiB whatever its length)" in r.output
+    r = CliRunner().invoke(app, [str(tmp_path), "--kv", "int3-kivi"])
+    assert r.exit_code == 2 and "--kv: unknown KV option 'int3-kivi'" in r.output
 
 
 def test_plan_with_a_quantized_kv_option():
