@@ -203,8 +203,15 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     config, source, folder = resolve_model(model, trust_remote_code)
     try:
         check_modules(config, recipe, ignore, warn)
+        plan_source = None
+        if recipe.mixed is not None:
+            from .sensitivity.mixed import check_mixed, plan_recipe
+
+            plan_source = check_mixed(recipe, config)
         samples = None
-        if recipe.needs_calibration:
+        # a sensitivity search scores calibration text even for a recipe that takes none
+        searching = recipe.mixed is not None and isinstance(plan_source, list)
+        if recipe.needs_calibration or searching:
             samples = resolve_calibration(calibration, recipe, folder, warn)
             kv = recipe.kv_cache
             if kv is not None and kv.long_rows:
@@ -213,6 +220,11 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         elif calibration is not None:
             warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
                  f"{', '.join(s.name for s in recipe.steps)}; no static activation scales); not used")
+        planned = None
+        if recipe.mixed is not None:
+            recipe, *planned = plan_recipe(recipe, config, plan_source, samples,
+                                           lambda: _float_model_of(model, folder, trust_remote_code), log or _logger.info)
+            check_modules(config, recipe, (), lambda _: None)   # the planned groups' widths (warned once above)
         book: RunBook | None = None
         if out is not None:
             out = Path(out)
@@ -227,6 +239,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
                                   book=book)
             copy_side_files(folder, writer.tmp)
+            if planned:
+                _write_plan(writer, *planned)
             _record_warnings(writer, warnings)
             shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
         except KeyboardInterrupt:
@@ -269,10 +283,26 @@ def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Pa
         samples = resolve_calibration(calibration, recipe, folder)
     finally:
         source.close()
-    net = model if isinstance(model, nn.Module) else _float_model(folder, trust_remote_code)
-    return sensitivity_search(net, config, recipe, samples, cands, tokens=tokens, labels=labels,
+    return sensitivity_search(_float_model_of(model, folder, trust_remote_code), config, recipe, samples, cands,
+                              tokens=tokens, labels=labels,
                               exact_units=exact_units, exact_candidates=exact_candidates,
                               exact_tokens=exact_tokens, log=log)
+
+
+def _write_plan(writer: ShardWriter, sens, plan) -> None:
+    """The sensitivity data and the plan beside the checkpoint (another budget reuses the first)."""
+    from .sensitivity.mixed import PLAN_FILE, SENSITIVITY_FILE
+
+    sens.save(writer.tmp / SENSITIVITY_FILE)
+    plan.save(writer.tmp / PLAN_FILE)
+
+
+def _float_model_of(model, folder: Path | None, trust_remote_code: bool) -> nn.Module:
+    if isinstance(model, nn.Module):
+        return model
+    if folder is None:
+        raise QuantkitError("mixed: the sensitivity search needs the model's folder or the model itself")
+    return _float_model(folder, trust_remote_code)
 
 
 def _float_model(folder: Path, trust_remote_code: bool) -> nn.Module:

@@ -51,6 +51,11 @@ def convert(
                                 "complete layer (same bytes as an uninterrupted run); starts afresh, saying why, "
                                 "when the model, recipe, calibration or quantkit differ."),
     device: str = typer.Option("cpu", "--device", help="Device for the per-layer work (cpu, cuda)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Mixed precision: plan one format per module "
+                                           "from measured sensitivity within this many bits per weight (scales and "
+                                           "zero points counted); the recipe's mixed: section, or its defaults."),
+    sensitivity: Optional[str] = typer.Option(None, "--sensitivity", help="Plan from this sensitivity.json (a "
+                                              "previous mixed conversion's) instead of searching again."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation report after converting."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model folder."),
 ):
@@ -73,7 +78,7 @@ def convert(
 
         # every recipe key, the eval: section included, is checked before any work
         r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
-            group_size, None, num_samples, max_seq_len, calib)
+            group_size, None, num_samples, max_seq_len, calib, budget_bits=budget, sensitivity=sensitivity)
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
@@ -148,6 +153,52 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     typer.echo(f"  modules by format: {info['modules_by_format']}")
     typer.echo(f"  size: {_human(info['total_bytes'])} total, {_human(info['quantized_bytes'])} in quantized modules")
     typer.echo(f"  backend: {info['backend']['cpu']} on CPU, {info['backend']['cuda']} on CUDA (override: QUANTKIT_BACKEND)")
+
+
+@app.command("sensitivity")
+def sensitivity_command(
+    model: Optional[str] = typer.Argument(None, help="Local Hugging Face model folder (default: the embedded SmolLM2-135M-Instruct)."),
+    recipe: str = typer.Option("w4a16-g64", "--recipe", "-r", help="Recipe: which linears are quantized, the "
+                               "observer and activation order the candidates take, the calibration settings."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data (default: the recipe's, else the bundled sample)."),
+    candidates: Optional[List[str]] = typer.Option(None, "--candidate", help="A candidate format (W4_G128, W4_G64, "
+                                                   "W4_G32, W8_CHANNEL, KEEP); repeatable (default: all)."),
+    tokens: int = typer.Option(8192, "--tokens", help="Calibration tokens the scores are formed on."),
+    exact_units: int = typer.Option(0, "--exact-units", help="Also measure this many units one at a time (exact KL) "
+                                    "and print how well the scores rank them (a model pass per unit and format)."),
+    top: int = typer.Option(10, "--top", help="Units shown per candidate."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write sensitivity.json here (plan from it with "
+                                       "convert --sensitivity FILE --budget B)."),
+):
+    """Rank the decoder's linears by how much each candidate format damages the model's output."""
+    try:
+        from .api import sensitivity
+        from .validation import check_flag
+        from .sensitivity.settings import MixedSettings
+
+        check_flag(MixedSettings, "tokens", tokens, "--tokens")
+        if out is not None and not out.parent.is_dir():
+            raise QuantkitError(f"--out: {out.parent} is not a folder")
+        s = sensitivity(model, recipe, calib, candidates=candidates, tokens=tokens, exact_units=exact_units,
+                        log=lambda line: typer.echo(line, err=True))
+    except QuantkitError as e:
+        _fail(str(e))
+    typer.echo(f"predicted KL (nats per token) of quantizing one unit, the rest float; method {s.method}, "
+               f"{s.calibration['num_tokens']} tokens, {s.seconds['total']:.1f} s")
+    for cand, args in s.candidates.items():
+        if args is None:
+            continue
+        rows = s.ranking(cand)
+        typer.echo(f"  {cand}: {len(rows)} units, total {sum(d for _, d in rows):.4g}")
+        for name, d in rows[:top]:
+            exact = s.exact.get(name, {}).get(cand)
+            typer.echo(f"    {d:10.4g}  {name}" + (f"  (exact {exact:.4g})" if exact is not None else ""))
+    if s.agreement:
+        typer.echo(f"  Spearman with the exact KL ({s.agreement['units']} units): "
+                   + "; ".join(f"{v}: " + ", ".join(f"{c} {r}" for c, r in per.items())
+                               for v, per in s.agreement["spearman"].items()))
+    if out is not None:
+        typer.echo(f"written to {s.save(out)}")
 
 
 def _register_optional() -> None:

@@ -35,7 +35,8 @@ from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, m
 from .errors import QuantkitError
 from .kv_cache import KVCacheScheme
 from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
-from .validation import build_options, checked_options, config, invalid, parse
+from .sensitivity.settings import MixedSettings
+from .validation import build_options, check_flag, checked_options, config, invalid, parse
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -105,6 +106,8 @@ class Recipe:
     kv_cache: KVCacheScheme | None = None  # FP8 KV-cache scales calibrated and written (kv_cache.py)
     # where the recipe came from (its file), for errors found later against a model; not in to_dict
     origin: StrictStr = "recipe"
+    # formats planned per module from measured sensitivity under a budget (quantkit/sensitivity/)
+    mixed: MixedSettings | None = None
 
     @model_validator(mode="after")
     def _valid_chain(self) -> "Recipe":
@@ -149,7 +152,7 @@ class Recipe:
         if "lm_head" not in ignore:
             ignore = ignore + ("lm_head",)
         return cls(groups, ignore, steps, f.calibration or CalibrationSettings(), f.output or OutputSettings(),
-                   ev, f.name or "custom", f.kv_cache, origin=where)
+                   ev, f.name or "custom", f.kv_cache, origin=where, mixed=f.mixed)
 
     @classmethod
     def from_file(cls, path: str | Path, check_eval: EvalCheck | None = None) -> "Recipe":
@@ -183,12 +186,22 @@ class Recipe:
             "eval": dict(self.eval),
             # only when set: the dict is the resume key, and recipes without it keep theirs
             **({"kv_cache": dataclasses.asdict(self.kv_cache)} if self.kv_cache is not None else {}),
+            **({"mixed": _mixed_yaml(self.mixed)} if self.mixed is not None else {}),
         }
 
     def with_overrides(self, group_size: int | None = None, ignore: list[str] | None = None,
                        num_samples: int | None = None, max_seq_len: int | None = None,
-                       dataset: str | None = None) -> "Recipe":
+                       dataset: str | None = None, budget_bits: float | None = None,
+                       sensitivity: str | None = None) -> "Recipe":
         r = self
+        if budget_bits is not None or sensitivity is not None:
+            mixed = {k: v for k, v in dataclasses.asdict(r.mixed).items() if v is not None} if r.mixed else {}
+            if budget_bits is not None:
+                mixed.pop("budget_bytes", None)
+                mixed["budget_bits"] = check_flag(MixedSettings, "budget_bits", budget_bits, "--budget")
+            if sensitivity is not None:
+                mixed["sensitivity"] = sensitivity
+            r = dataclasses.replace(r, mixed=parse(MixedSettings, mixed, "mixed"))
         if group_size is not None:
             groups = {}
             for n, s in r.groups.items():
@@ -244,6 +257,7 @@ class _RecipeFile:
     output: OutputSettings | None = None
     eval: dict[StrictStr, Any] | None = None  # checked by the evaluation package
     kv_cache: KVCacheScheme | None = None
+    mixed: MixedSettings | None = None
 
     @field_validator("scheme", mode="before")
     @classmethod
@@ -334,6 +348,15 @@ def _scheme_yaml(s: QuantScheme) -> dict[str, Any]:
         a = getattr(s, key)
         if a is not None:
             out[key] = {k: v for k, v in dataclasses.asdict(a).items() if v is not None}
+    return out
+
+
+def _mixed_yaml(m: MixedSettings) -> dict[str, Any]:
+    out = {k: v for k, v in dataclasses.asdict(m).items() if v is not None and k != "candidates"}
+    if m.candidates is not None:
+        out["candidates"] = [{"name": c.name, "weights": None if c.weights is None else
+                              {k: v for k, v in dataclasses.asdict(c.weights).items() if v is not None}}
+                             for c in m.candidates]
     return out
 
 

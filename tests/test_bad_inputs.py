@@ -409,6 +409,30 @@ def two_groups_tie_on_a_module(w, tmp):
         "recipe.yaml: config_groups.mlp4 and config_groups.down8 both target 'model.layers.0.mlp.down_proj' by regex"
 
 
+# mixed precision (issue 14): the budget is checked against the candidates' sizes before any data is read
+@case
+def budget_zero(w, tmp):
+    return convert(w.model, tmp, "--budget", "0", recipe="w4a16-g64"), "--budget: must be > 0.0, got 0.0"
+
+
+@case
+def budget_below_every_plan(w, tmp):
+    return convert(w.model, tmp, "--budget", "2", "--calib", tmp / "missing.jsonl", recipe="w4a16-g64"), \
+        "budget: 2.0 bits per weight is below the smallest plan of these candidates"
+
+
+@case
+def budget_with_a_missing_sensitivity_file(w, tmp):
+    return convert(w.model, tmp, "--budget", "6", "--sensitivity", tmp / "nope.json", recipe="w4a16-g64"), \
+        "nope.json: sensitivity file not found"
+
+
+@case
+def mixed_unknown_candidate(w, tmp):
+    text = "scheme: W4A16\ngroup_size: 32\nmixed: {budget_bits: 6, candidates: [W4_G32, W3]}\n"
+    return convert(w.model, tmp, recipe=recipe_file(tmp, text)), "recipe.yaml: mixed.candidates[1]: unknown candidate 'W3'"
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(name, world, tmp_path, private_dirs):
     args, needle = CASES[name](world, tmp_path)

@@ -7,9 +7,22 @@ result (``data.py``) is saved as ``sensitivity.json`` and planned from for any b
 """
 
 from .candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, bits_per_weight, candidate, candidates_from, weight_bytes
-from .data import Sensitivity
-from .search import DEFAULT_METHOD, sensitivity_search
-from .units import FormatUnit, plan_units
+from .settings import MixedSettings
 
-__all__ = ["CANDIDATES", "DEFAULT_CANDIDATES", "DEFAULT_METHOD", "Candidate", "FormatUnit", "Sensitivity",
-           "bits_per_weight", "candidate", "candidates_from", "plan_units", "sensitivity_search", "weight_bytes"]
+# The rest loads on first use: recipe.py imports this package for MixedSettings, and the
+# search imports the pipeline, which imports recipe.py.
+_LAZY = {"Sensitivity": ".data", "sensitivity_search": ".search", "DEFAULT_METHOD": ".search",
+         "FormatUnit": ".units", "plan_units": ".units", "Plan": ".planner", "plan": ".planner",
+         "planned_recipe": ".apply"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["CANDIDATES", "DEFAULT_CANDIDATES", "Candidate", "MixedSettings", "bits_per_weight", "candidate",
+           "candidates_from", "weight_bytes", *_LAZY]

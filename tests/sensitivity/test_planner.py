@@ -6,7 +6,6 @@ import itertools
 import json
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,3 +131,17 @@ def test_planned_recipe_gives_every_unit_its_format_and_keeps_ignore(tiny_llama)
             got = group_for(m, "Linear", r.groups, list(r.ignore))
             want = {"W4_G32": "w4_g32", "W8_CHANNEL": "w8_channel", "KEEP": None}[choice[u.name]]
             assert got == want, m
+
+
+def test_frontier_measured_never_above_the_rule_and_renders():
+    from quantkit.sensitivity.report import frontier, frontier_png
+
+    rows = [{"W4": (100, 0.1 * (i % 3 + 1) ** 2), "W8": (200, 0.001)} for i in range(9)]
+    front = frontier(sensitivity(rows), low="W4", high="W8", steps=6)
+    assert [p["bits"] for p in front["uniform"]] == [100 * 8 / 256, 200 * 8 / 256]
+    for m, e in zip(front["measured"], front["first/last layers"]):
+        assert m["bits"] <= e["bits"] and m["predicted_kl"] <= e["predicted_kl"] + 1e-12
+    assert front["measured"][3]["predicted_kl"] < front["first/last layers"][3]["predicted_kl"]
+    png = frontier_png({"frontier": front, "plan": {"bits_per_weight": 5.0, "predicted_kl": 0.5}, "measured_kl": 0.6})
+    import base64
+    assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"

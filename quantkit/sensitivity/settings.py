@@ -1,0 +1,56 @@
+"""The recipe's ``mixed:`` section: plan the formats from measured sensitivity under a budget.
+
+    mixed:
+      budget_bits: 5.0                     # average bits per planned weight (or budget_bytes)
+      candidates: [W4_G64, W8_CHANNEL, KEEP]   # names from CANDIDATES or {name, weights}
+      sensitivity: out/m/sensitivity.json  # reuse a search (optional; another budget, same model)
+      tokens: 8192                         # calibration tokens the search scores with
+
+The recipe's own groups say which linears are quantized (and, with one group, the observer
+and activation order the named candidates take); the plan replaces them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictInt, StrictStr, field_validator, model_validator
+
+from ..errors import QuantkitError
+from ..validation import config, invalid
+from .candidates import Candidate, check_candidates
+
+Positive = Annotated[float, Field(gt=0, strict=True)]   # strict: an int is fine, "5" and true are not
+
+
+@config
+class MixedSettings:
+    budget_bits: Positive | None = None
+    budget_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
+    # None: DEFAULT_CANDIDATES for a search, every candidate of a reused sensitivity file
+    candidates: tuple[Candidate, ...] | None = None
+    sensitivity: StrictStr | None = None
+    tokens: Annotated[StrictInt, Field(ge=64)] = 8192
+    labels: Literal["sampled", "data"] = "sampled"
+    method: Literal["diag", "token", "sample", "local"] | None = None   # None: the search's default
+
+    @field_validator("candidates", mode="after")
+    @classmethod
+    def _distinct(cls, value):
+        if value is None:
+            return value
+        try:
+            check_candidates(list(value), "candidates")
+        except QuantkitError as e:   # its text, without the key the path already names
+            raise invalid(str(e).removeprefix("candidates: ")) from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "MixedSettings":
+        if self.budget_bits is not None and self.budget_bytes is not None:
+            raise invalid("give budget_bits or budget_bytes, not both", "budget_bits")
+        return self
+
+    @property
+    def has_budget(self) -> bool:
+        return self.budget_bits is not None or self.budget_bytes is not None
