@@ -112,6 +112,52 @@ def _clipped_symmetric(wg: torch.Tensor, bound: torch.Tensor, args: QuantArgs) -
     return torch.round(v).clamp(args.qmin, args.qmax) * scale
 
 
+def refine_clip(w: torch.Tensor, hessian: torch.Tensor, ratios: torch.Tensor, args: QuantArgs, grid: int,
+                max_shrink: float, sweeps: int) -> torch.Tensor:
+    """Clip ratios that minimise each row's whole output error ``d^T H d`` (``H``: the linear's
+    ``[in, in]`` Gram), by coordinate descent over the groups from ``ratios`` (``clip_search``'s).
+
+    ``clip_search`` scores a group alone, on its diagonal block of ``H``; the products between
+    groups of one row (inputs correlate across groups: one outlier token lifts every channel)
+    are what is left. A sweep visits each group with the others held, scoring each candidate
+    ``c`` by ``d_c^T H_gg d_c + 2 d_c^T r`` (``r``: the other groups' errors seen through
+    ``H``); the current ratio is a candidate, so no sweep raises any row's error.
+    """
+    out, cols = w.shape
+    g = cols // ratios.shape[1]
+    wf, h = w.float(), hessian.float()
+    candidates = [1.0 - i / grid for i in range(int(max_shrink * grid) + 1)]
+    ratios = ratios.clone()
+
+    def quantized_group(j: int, c: torch.Tensor) -> torch.Tensor:   # group j clipped per row by c [out]
+        wg = wf[:, j * g:(j + 1) * g]
+        if args.symmetric:
+            bound = wg.abs().amax(-1) * c
+            return _clipped_symmetric(wg[:, None, :], bound[:, None], args)[:, 0, :]
+        clipped = torch.maximum(torch.minimum(wg, (wg.amax(-1) * c)[:, None]), (wg.amin(-1) * c)[:, None])
+        return fake_quantize_weight(clipped, dataclasses.replace(args, group_size=g))
+
+    d = torch.cat([wf[:, j * g:(j + 1) * g] - quantized_group(j, ratios[:, j]) for j in range(ratios.shape[1])], 1)
+    r_all = d @ h
+    for _ in range(sweeps):
+        for j in range(ratios.shape[1]):
+            sl = slice(j * g, (j + 1) * g)
+            h_jj, d_old = h[sl, sl], d[:, sl]
+            r = r_all[:, sl] - d_old @ h_jj                      # the other groups' part
+            best_err = torch.full((out,), float("inf"))
+            best_c, best_d = ratios[:, j].clone(), d_old
+            for c in candidates:
+                d_c = wf[:, sl] - quantized_group(j, torch.full((out,), c))
+                err = ((d_c @ h_jj) * d_c).sum(-1) + 2 * (d_c * r).sum(-1)
+                better = err < best_err
+                best_err = torch.where(better, err, best_err)
+                best_c = torch.where(better, torch.full_like(best_c, c), best_c)
+                best_d = torch.where(better[:, None], d_c, best_d)
+            r_all += (best_d - d_old) @ h[sl, :]
+            d[:, sl], ratios[:, j] = best_d, best_c
+    return ratios
+
+
 def apply_clip(w: torch.Tensor, ratios: torch.Tensor, symmetric: bool) -> torch.Tensor:
     out, cols = w.shape
     wg = w.float().view(out, ratios.shape[1], -1)
@@ -135,6 +181,7 @@ class AWQ(Transform):
     clip_skip: list[str] | None = None  # linears (name suffixes) left out of the clip search, e.g. q/k
     clip_in_search: bool = False    # score each ratio with its clip ranges searched first (slower)
     search_clip_grid: int | None = None  # the clip grid inside the ratio search (None: clip_grid)
+    clip_sweeps: int = 0            # then sweeps over groups scoring each row's whole output error
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
     skip_first: int = 0             # first tokens of each row left out of statistics, Grams and losses
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
@@ -144,6 +191,8 @@ class AWQ(Transform):
             raise QuantkitError("grid: must be >= 1")
         if not 0.0 <= self.max_shrink < 1.0:
             raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
+        if self.clip_sweeps < 0:
+            raise QuantkitError(f"clip_sweeps: must be >= 0, got {self.clip_sweeps}")
         if self.skip_first < 0:
             raise QuantkitError(f"skip_first: must be >= 0, got {self.skip_first}")
         if self.search_tokens < 1:
@@ -159,7 +208,8 @@ class AWQ(Transform):
         linears = sorted({m.balance[0] for m in mappings} | set(targets))
         grams = {n: a.group_size for n, a in targets.items()}
         stats, replays = observe_layer(ctx, linears, [m.parent for m in mappings],
-                                       search_batches(ctx, self.search_tokens), grams, self.skip_first)
+                                       search_batches(ctx, self.search_tokens), grams, self.skip_first,
+                                       set(targets) if self.clip_sweeps else None)
         tensors: dict[str, torch.Tensor] = {}
         summary: dict[str, dict] = {}
         scales_of: dict[str, torch.Tensor] = {}      # per balance linear: the scales its inputs get
@@ -179,6 +229,11 @@ class AWQ(Transform):
                 inv = (1.0 / s).view(gram.shape[0], -1)
                 gram = gram * inv[:, :, None] * inv[:, None, :]
             ratios = clip_search(w, gram, minmax(args), self.clip_grid, self.max_shrink)
+            if self.clip_sweeps:
+                hessian = stats[name].full_gram()
+                if s is not None:
+                    hessian = hessian / s[:, None] / s[None, :]
+                ratios = refine_clip(w, hessian, ratios, minmax(args), self.clip_grid, self.max_shrink, self.clip_sweeps)
             tensors[f"clip.{name}"] = ratios
             summary.setdefault("clip_mean_ratio", {})[name] = round(float(ratios.mean()), 4)
         return TransformResult(tensors, summary)

@@ -38,6 +38,7 @@ class ChannelStats:
     count: int = 0
     gram: torch.Tensor | None = None      # [groups, group_size, group_size], summed
     group_size: int = 0
+    full: torch.Tensor | None = None      # [in, in], summed: the whole Gram (with ``full_gram``)
 
     @property
     def abs_mean(self) -> torch.Tensor:
@@ -45,6 +46,9 @@ class ChannelStats:
 
     def group_gram(self) -> torch.Tensor:
         return self.gram / max(self.count, 1)
+
+    def full_gram(self) -> torch.Tensor:
+        return self.full / max(self.count, 1)
 
 
 @dataclass
@@ -100,13 +104,18 @@ def after_first(keep: torch.Tensor, row_len: int, skip: int) -> torch.Tensor:
 
 def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], batches: list[int],
                   group_size: dict[str, int] | None = None,
-                  skip_first: int = 0) -> tuple[dict[str, ChannelStats], dict[str, Replay]]:
+                  skip_first: int = 0, full_gram: set[str] | None = None,
+                  ) -> tuple[dict[str, ChannelStats], dict[str, Replay]]:
     """One pass over every calibration batch: channel statistics of ``linears``, replays of ``parents``.
 
     ``group_size[name]``: also accumulate that linear's per-group Gram matrices.
+    ``full_gram``: linears whose whole ``[in, in]`` Gram is accumulated too (computed once for
+    linears that read the same input tensor, such as q/k/v).
     ``skip_first``: leave the first tokens of each row out (see the module docstring).
     """
     group_size = group_size or {}
+    full_gram = full_gram or set()
+    last_input: dict[str, object] = {"x": None, "gram": None}   # q/k/v see one tensor: one product
 
     def kept(x: torch.Tensor) -> torch.Tensor:
         """Flat indices of the tokens of ``x`` ([rows, row_len, features] or [tokens, features]) observed."""
@@ -129,6 +138,12 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
                 if name in group_size:
                     g = group_size[name]
                     st.gram, st.group_size = torch.zeros(x.shape[-1] // g, g, g), g
+                if name in full_gram:
+                    st.full = torch.zeros(x.shape[-1], x.shape[-1])
+            if st.full is not None:
+                if last_input["x"] is not inputs[0]:
+                    last_input["x"], last_input["gram"] = inputs[0], x.T @ x
+                st.full += last_input["gram"]
             st.abs_sum += x.abs().sum(0)
             st.abs_max = torch.maximum(st.abs_max, x.abs().amax(0))
             st.count += x.shape[0]
@@ -163,4 +178,5 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
     finally:
         for h in handles:
             h.remove()
+        last_input.clear()
     return stats, replays

@@ -193,3 +193,32 @@ def test_skip_first_leaves_each_rows_first_real_token_out(left_padded):
     assert torch.allclose(stats["fc"].gram, g.transpose(1, 2) @ g, atol=1e-5)
     assert replays["fc"].num_tokens == int((valid & ~first).sum())
     assert torch.allclose(replays["fc"].reference[0], layer.fc(batches[0])[valid & ~first])
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_refine_clip_lowers_each_rows_whole_output_error(symmetric):
+    """With inputs correlated across groups, the sweeps lower every row's error ``d^T H d`` from
+    the per-group search's, and end where no single group's ratio change lowers it further."""
+    from quantkit.algorithms.awq import refine_clip
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(5, 48, generator=g)
+    common = torch.randn(400, 1, generator=g)                 # one factor shared by every channel
+    x = torch.randn(400, 48, generator=g) + 2.0 * common * torch.linspace(0.5, 1.5, 48)
+    args = QuantArgs(num_bits=3, group_size=16, symmetric=symmetric)
+    h = x.T @ x / x.shape[0]
+    blocks = torch.stack([h[k:k + 16, k:k + 16] for k in range(0, 48, 16)])
+    start = clip_search(w, blocks, args, grid=10, max_shrink=0.5)
+    refined = refine_clip(w, h, start, args, grid=10, max_shrink=0.5, sweeps=20)
+
+    def row_errors(r):
+        d = w - fake_quantize_weight(apply_clip(w, r, symmetric), args)
+        return ((d @ h) * d).sum(-1)
+
+    before, after = row_errors(start), row_errors(refined)
+    assert torch.all(after <= before * (1 + 1e-5)) and float(after.sum()) < 0.95 * float(before.sum())
+    for grp in range(3):
+        for c in [1.0 - i / 10 for i in range(6)]:
+            moved = refined.clone()
+            moved[:, grp] = c
+            assert torch.all(row_errors(moved) >= after * (1 - 1e-5))
