@@ -103,7 +103,7 @@ class Recipe:
     output: OutputSettings = OutputSettings()
     eval: dict[StrictStr, Any] = dataclasses.field(default_factory=dict)
     name: StrictStr = "custom"
-    kv_cache: KVCacheScheme | None = None  # FP8 KV-cache scales calibrated and written (kv_cache.py)
+    kv_cache: KVCacheScheme | None = None  # FP8 KV-cache scales calibrated and written (kv_cache/)
     # where the recipe came from (its file), for errors found later against a model; not in to_dict
     origin: StrictStr = "recipe"
     # formats planned per module from measured sensitivity under a budget (quantkit/sensitivity/)

@@ -31,8 +31,12 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                    calibration_log: str | Path | None = None, show_samples: bool = False,
                    device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
                    languages: str | list[str] | None = None, lm_eval_tasks: list[str] | None = None,
-                   lm_eval_limit: int | None = None, unsafe_code_exec: bool = False):
+                   lm_eval_limit: int | None = None, unsafe_code_exec: bool = False,
+                   kv: str | list[str] | None = None):
     """Load both models from folders and evaluate; returns the ``EvalResult``.
+
+    ``kv`` (``--kv``, kv_options.py): KV-cache options; the first is applied to the candidate for
+    every measure, and each one, beside the weights alone, is a variant of the long slices.
 
     Code items run behind the sandbox (sandbox.py), or, with ``unsafe_code_exec``, without one.
 
@@ -42,10 +46,13 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     from .checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
     from .integrity import check_checkpoint
     from .languages import language_gate
+    from ..kv_cache import kv_options
+    from .kv_options import candidate_kv
     from .plan import plan
     from .section import EvalSection, check_eval_section, suite_options
 
     check_device(device)
+    kv_opts = kv_options(kv)   # a bad --kv fails before anything is read
     section = check_eval_section(eval_section)
     options = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
@@ -74,9 +81,14 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
             return integrity_only(integrity, section.get("thresholds"), {"max_len": max_len, **meta})
     base = load_model(base_dir, device)
     cand = load_model(cand_dir, device)
+    ckv = candidate_kv(cand, kv_opts, tok, calibration_log, max_len)
     from .context import deployment_length
-    fp = _footprint(base_dir, cand_dir, gpu_mem, deployment_length(base, max_len)[0], plan)
-    result = evaluate(base, cand, tok, suite=suite, max_len=max_len, max_len_source=source,
+    fp = _footprint(base_dir, cand_dir, gpu_mem, deployment_length(base, max_len)[0], plan,
+                    kv_option=kv_opts[0] if kv_opts else None)
+    if ckv.prepared:
+        fp["kv_options"], meta["kv"] = ckv.footprint(fp), ckv.meta()
+    ckv.deploy(cand)   # loaded for this evaluation alone: the first option stays applied
+    result = evaluate(base, cand, tok, suite=suite, max_len=max_len, max_len_source=source, variants=ckv.variants(),
                       thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
@@ -160,6 +172,7 @@ def eval_command(
     languages: Optional[str] = typer.Option(None, "--languages", help="Languages whose slices gate the verdict, e.g. en,zh (default: the recipe's eval.languages, else the baseline's model card, else all)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
+    kv: Optional[list[str]] = typer.Option(None, "--kv", help="Evaluate with a quantized KV cache: fp8-tensor, fp8-head, fp8-token-head, int8-token-head, int8-kivi (':k' / ':v' after one: only K / only V); repeat or comma-list to compare several on the long slices (the first is applied to every measure)."),
     unsafe_code_exec: bool = typer.Option(False, "--unsafe-code-exec", help="Run code items WITHOUT the bubblewrap sandbox (where it cannot be set up); the code can then do whatever your user can."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
@@ -170,7 +183,7 @@ def eval_command(
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
-                                unsafe_code_exec=unsafe_code_exec)
+                                unsafe_code_exec=unsafe_code_exec, kv=kv)
         path = result.save(out or Path(candidate) / "eval")
     except QuantkitError as e:
         _fail(str(e))
