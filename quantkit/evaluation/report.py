@@ -218,9 +218,17 @@ def _source(meta: dict) -> str:
     return f" ({meta['max_len_source']})" if meta.get("max_len_source") else ""
 
 
+def candidate_label(meta: dict) -> str:
+    """The candidate's name in the KL-by-position plot and table: with ``--kv``, the option it runs."""
+    if meta.get("candidate_label"):
+        return meta["candidate_label"]
+    kv = meta.get("kv") or []
+    return f"candidate (kv {kv[0]['option']})" if kv else "candidate"
+
+
 def position_lines(data: dict, name: str) -> list[tuple[str, list[dict]]]:
     """The lines of a long slice's KL-by-position plot: the candidate, then each variant."""
-    lines = [(data["meta"].get("candidate_label") or "candidate", data["kl_by_position"][name])]
+    lines = [(candidate_label(data["meta"]), data["kl_by_position"][name])]
     variants = (data.get("kl_by_position_variants") or {}).get(name, {})
     return lines + [(v, r["buckets"]) for v, r in variants.items() if r.get("buckets")]
 
@@ -293,7 +301,7 @@ def markdown(data: dict) -> str:
     for name, rows in data["kl_by_position"].items():
         note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
         variants = _variants(data, name)
-        label = m.get("candidate_label") or "candidate"
+        label = candidate_label(m)
         lines += [f"## KL by position: {name}{note}", ""] + [n for n in _slice_notes(data, name)] + [""]
         lines += ["| positions | tokens | " + " | ".join([label, *variants]) + " |", "|---|---|" + "---|" * (1 + len(variants))]
         for i, r in enumerate(rows):
@@ -417,7 +425,7 @@ def render_html(data: dict, images: dict[str, str]) -> str:
         parts.append("<h2>KL by position</h2>")
         if "position" in images:
             parts.append(f"<img alt='KL by position' src='data:image/png;base64,{images['position']}'>")
-        label = data["meta"].get("candidate_label") or "candidate"
+        label = candidate_label(data["meta"])
         for name, rows in data["kl_by_position"].items():
             note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
             variants = _variants(data, name)

@@ -127,3 +127,12 @@ def test_save_replaces_atomically(saved, tmp_path):
     r.save(tmp_path / "rep")
     assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["report.html", "report.json", "report.md"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_the_candidate_line_names_the_kv_option_it_runs(saved):
+    from quantkit.evaluation.report import markdown
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    assert "| positions | tokens | candidate | " in markdown(data)
+    data["meta"]["kv"] = [{"option": "int8-kivi:k", "engine": None, "scales": "dynamic"}]
+    assert "| positions | tokens | candidate (kv int8-kivi:k) | 4-bit only | 8-bit |" in markdown(data)
