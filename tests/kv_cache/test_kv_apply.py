@@ -249,3 +249,30 @@ def test_an_option_replaces_the_checkpoint_kv_and_exit_restores_it(ckpts):
     assert torch.equal(bare, plain) and not torch.equal(before, plain)
     assert torch.equal(after, before) and head.config._attn_implementation == head.quantkit_info["attention"]
     assert not any(hasattr(m, PLAN_ATTR) for m in head.modules())
+
+
+def test_kivi_calls_the_base_attention_on_query_blocks(models, monkeypatch):
+    """At 1000 positions, no call of the base attention gets more than 128 queries or a mask
+    larger than [128, 1000]: the blocks are what keeps long contexts within the base's memory."""
+    from quantkit.kv_cache import attention as attention_module
+
+    model = models[("LlamaForCausalLM", 2)]
+    model.set_attn_implementation("sdpa")
+    real = attention_module.base_function
+    seen = []
+
+    def recording(base, module):
+        fn = real(base, module)
+
+        def call(module, query, key, value, mask, **kw):
+            seen.append((query.shape[2], key.shape[2], None if mask is None else tuple(mask.shape[-2:])))
+            return fn(module, query, key, value, mask, **kw)
+        return call
+
+    monkeypatch.setattr(attention_module, "base_function", recording)
+    ids = torch.tensor(random_ids(1, 1000, vocab=128, seed=9))
+    with torch.no_grad(), apply_kv_option(model, "int8-kivi") as m:
+        m(ids)
+    assert len(seen) == 2 * (1000 // 128 + 1)   # two layers, one call per cutoff
+    assert max(q for q, _, _ in seen) <= 128 and all(m is not None and m[0] == q and m[1] == k for q, k, m in seen)
+    assert sorted({k for _, k, _ in seen}) == [127 + 128 * i for i in range(7)] + [1000]
