@@ -2,10 +2,13 @@
 
     python benchmarks/sensitivity.py --model smollm2 [--tokens 8192] [--exact-units 40]
         [--exact-candidates W4_G64,W8_CHANNEL] [--labels sampled,data] [--json OUT]
+    python benchmarks/sensitivity.py --exact-from S.json --tokens 2048,4096 --labels sampled --gptq-time
 
-One search per label kind (the first also measures ``--exact-units`` units one at a time, spread
-over the depth, in each exact candidate); every score variant is graded against that exact
-KL (Spearman per candidate over units, and pooled), with the time of each part. The recipe is
+One search per label kind and token count (the first also measures ``--exact-units`` units one
+at a time, spread over the depth, in each exact candidate, unless ``--exact-from`` gives a saved
+search's exact KL); every score variant is graded against that exact KL (Spearman per candidate
+over units, and pooled), with the wall and CPU time of each part. ``--gptq-time``: also the CPU
+seconds of a plain conversion with the recipe, for the search's share of it. The recipe is
 the main job's (w4a16-g64-gptq: mse ranges, activation order), calibration the bundled sample.
 """
 from __future__ import annotations
@@ -15,6 +18,7 @@ import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,7 +37,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--recipe", default="w4a16-g64-gptq")
-    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--tokens", default="8192", help="comma list: one search per count")
+    ap.add_argument("--exact-from", type=Path, default=None, help="a sensitivity.json whose exact KL grades these")
+    ap.add_argument("--gptq-time", action="store_true")
     ap.add_argument("--exact-units", type=int, default=40)
     ap.add_argument("--exact-candidates", default="W4_G64,W8_CHANNEL")
     ap.add_argument("--exact-tokens", type=int, default=2048)
@@ -45,27 +51,36 @@ def main() -> None:
     import torch
 
     import quantkit
+    from quantkit.sensitivity import Sensitivity
     from quantkit.sensitivity.search import agreement
 
     folder = model_dir(args.model)
     out = {"model": args.model, "recipe": args.recipe, "tokens": args.tokens, "exact_tokens": args.exact_tokens,
            "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                        "platform": platform.platform(), "torch": torch.__version__}, "runs": {}}
-    first = None
-    for labels in args.labels.split(","):
-        s = quantkit.api.sensitivity(folder, args.recipe, tokens=args.tokens, labels=labels,
-                                     exact_units=args.exact_units if first is None else 0,
-                                     exact_candidates=args.exact_candidates.split(","),
-                                     exact_tokens=args.exact_tokens, log=lambda m: print(m, file=sys.stderr))
-        if first is None:
-            first = s
-            if args.save:
-                s.save(args.save)
-        else:
-            s.exact = first.exact
-            s.agreement = agreement(s)
-        out["runs"][labels] = {"agreement": s.agreement, "seconds": s.seconds, "calibration": s.calibration}
-        print(json.dumps(out["runs"][labels], indent=1), flush=True)
+    first = Sensitivity.load(args.exact_from) if args.exact_from else None
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        for labels in args.labels.split(","):
+            s = quantkit.api.sensitivity(folder, args.recipe, tokens=tokens, labels=labels,
+                                         exact_units=args.exact_units if first is None else 0,
+                                         exact_candidates=args.exact_candidates.split(","),
+                                         exact_tokens=args.exact_tokens, log=lambda m: print(m, file=sys.stderr))
+            if first is None:
+                first = s
+                if args.save:
+                    s.save(args.save)
+            else:
+                s.exact = first.exact
+                s.agreement = agreement(s)
+            key = f"{labels} {tokens}"
+            out["runs"][key] = {"agreement": s.agreement, "seconds": s.seconds, "calibration": s.calibration}
+            print(json.dumps({key: out["runs"][key]}, indent=1), flush=True)
+    if args.gptq_time:
+        c0, t0 = time.process_time(), time.perf_counter()
+        quantkit.quantize(folder, args.recipe)
+        out["convert"] = {"recipe": args.recipe, "cpu_s": round(time.process_time() - c0, 2),
+                          "wall_s": round(time.perf_counter() - t0, 2)}
+        print(json.dumps(out["convert"]), flush=True)
     text = json.dumps(out, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
