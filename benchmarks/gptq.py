@@ -106,6 +106,20 @@ def perplexity(model, windows: list[list[int]], bos: int | None) -> float:
     return float(torch.exp(torch.tensor(nll / count)))
 
 
+def heldout_and_calibration(tok, eval_windows: int, seq_len: int, samples: int, seed: int,
+                            calibration: str = "lee") -> tuple[list[list[int]], list[list[int]], int | None]:
+    """The held-out windows (the Lee corpus' first ``eval_windows`` of ``seq_len`` tokens), the
+    calibration windows (``lee``: at seeded offsets in the rest of the corpus; ``pydoc``: in the
+    standard library's reference text) and the BOS a model whose tokenizer adds one sees first."""
+    bos = tok.bos_token_id if encode_adds_bos(tok) else None
+    lee = encode(tok, heldout_text())
+    held = token_windows(lee, eval_windows, seq_len, None)
+    # lee: the rest of the corpus, after the evaluation windows: same domain, other articles
+    pool = lee[eval_windows * seq_len:] if calibration == "lee" else encode(tok, calibration_text())
+    calib = token_windows(pool, samples, seq_len - (bos is not None), seed)
+    return held, [([bos] if bos is not None else []) + w for w in calib], bos
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -253,17 +267,7 @@ def main() -> None:
 
     folder = model_dir(a.model)
     tok = load_tokenizer(folder)
-    # A model whose tokenizer adds BOS (Gemma) sees it at the start of every sample and window.
-    bos = tok.bos_token_id if encode_adds_bos(tok) else None
-    lee = encode(tok, heldout_text())
-    held = token_windows(lee, a.eval_windows, a.seq_len, None)
-    if a.calibration == "lee":
-        # the rest of the corpus, after the evaluation windows: same domain, other articles
-        pool = lee[a.eval_windows * a.seq_len:]
-    else:
-        pool = encode(tok, calibration_text())
-    calib = token_windows(pool, a.samples, a.seq_len - (bos is not None), a.seed)
-    calib = [([bos] if bos is not None else []) + w for w in calib]
+    held, calib, bos = heldout_and_calibration(tok, a.eval_windows, a.seq_len, a.samples, a.seed, a.calibration)
     workdir = ROOT / ".cache" / "benchmarks" / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
