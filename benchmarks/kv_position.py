@@ -120,6 +120,7 @@ def main() -> None:
     ap.add_argument("--slice", default="long-en")
     ap.add_argument("--formats", default=",".join(FORMATS), help="KV formats")
     ap.add_argument("--parts", default="full,k,v", help="which of each format: full, k (K only), v (V only)")
+    ap.add_argument("--options", default=None, help="explicit KV options (comma list), in place of --formats x --parts")
     ap.add_argument("--weights", default="fp8_dynamic", help="weight-only candidates (comma list; '' for none)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -147,7 +148,8 @@ def main() -> None:
     cfg = base.config.get_text_config()
     dims = (cfg.num_hidden_layers, cfg.num_key_value_heads,
             getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    names = options([f for f in args.formats.split(",") if f], args.parts.split(","))
+    names = (args.options.split(",") if args.options else
+             options([f for f in args.formats.split(",") if f], args.parts.split(",")))
     t = time.perf_counter()
     prepared = prepared_options(kv_model, names, tok, max(args.length), KEEP / f"{Path(src).name}-scales")
     prepare_s = time.perf_counter() - t

@@ -205,6 +205,9 @@ def run_worker(python: str, kind: str, spec: dict, timeout: int, env: dict | Non
             out["error"] = ("timed out" if rc is None else f"exit {rc}") + ": " + tail
         if "error" in out:
             out["log_tail"] = log_path.read_text(errors="replace")[-6000:]
+        if spec.get("kv_cache_dtype"):   # what the engine said about the KV cache and its scales
+            out["kv_log"] = [ln.strip()[-300:] for ln in log_path.read_text(errors="replace").splitlines()
+                             if any(w in ln.lower() for w in ("kv cache", "kv_cache", "k_scale", "kv scale"))][:20]
         return out
 
 
@@ -223,7 +226,9 @@ def worker_vllm(spec: dict, result_path: Path) -> None:
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), enforce_eager=True, max_model_len=1024, seed=0)
+        kv = {"kv_cache_dtype": spec["kv_cache_dtype"]} if spec.get("kv_cache_dtype") else {}
+        llm = LLM(model=spec["model"], dtype=spec.get("dtype", "float32"), enforce_eager=True, max_model_len=1024, seed=0,
+                  **kv)
         res.update(stage="loaded", load_seconds=round(time.perf_counter() - t0, 1))
         save()
 
@@ -463,7 +468,8 @@ def check_checkpoints(a) -> int:
         print(f"{d} [{fmt}]: held-out text: {where}", flush=True)
 
         # vLLM first, in its own process tree, then quantkit here: never both at once (2 cores).
-        vspec = {"prompts": PROMPTS, "gen_tokens": a.gen_tokens, "windows": windows}
+        vspec = {"prompts": PROMPTS, "gen_tokens": a.gen_tokens, "windows": windows,
+                 "kv_cache_dtype": a.kv_cache_dtype}
         t0 = time.perf_counter()
         v = run_worker(a.vllm_python, "vllm", dict(vspec, model=str(path), dtype="float32"), timeout=a.timeout, env=env)
         v["dtype"] = "float32"
@@ -552,6 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-ratio", type=float, default=1.01,
                     help="--checkpoint: fail unless |vLLM ppl / quantkit ppl - 1| <= max-ratio - 1 (default 1.01)")
     ap.add_argument("--threads", type=int, default=2, help="--checkpoint: torch threads for quantkit's scoring")
+    ap.add_argument("--kv-cache-dtype", default=None,
+                    help="--checkpoint: vLLM's kv_cache_dtype (e.g. fp8: reads the checkpoint's kv_cache_scheme scales)")
     a = ap.parse_args(argv)
 
     if not has_module(a.vllm_python, "vllm"):
