@@ -25,8 +25,9 @@ FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay N
 | focus_top1_agreement | higher | 0.83        | 0.70       | 0.969 | 0.862   | 0.75   | 1.25x FP8's worst disagreement       |
 | kl_worst_bucket      | lower  | 0.11        | 0.20       | 0.007 | 0.079   | 0.76   | long-en's worst position bucket:     |
 |                      |        |             |            |       |         |        | 1.4x FP8                             |
-| kl_last_bucket       | lower  | 0.06        | 0.10       |       |         |        | the deepest position bucket with     |
-|                      |        |             |            |       |         |        | tokens: kl_mean's limits (below)     |
+| kl_last_bucket       | lower  | 0.06        | 0.10       |       | 0.027   | 0.385  | the deepest position bucket with     |
+|                      |        |             |            |       |         |        | tokens: kl_mean's limits (below);    |
+|                      |        |             |            |       |         |        | long-en at 2048 (issue 12's table)   |
 | gen_agreement        | higher | 0.25        | 0.15       | 0.46  | 0.32    | 0.05   | 8 prompts x 32 greedy tokens fork on |
 |                      |        |             |            |       |         |        | near-ties even at 8 bits: ~2 tokens  |
 |                      |        |             |            |       |         |        | of 32 under FP8's worst (names-en)   |

@@ -83,3 +83,24 @@ def test_defaults_keep_a_margin_over_fp8_on_english():
     v = decide({n: {m: worse(m, x) for m, x in vals.items()}
                 for n, vals in MEASURED["fp8_dynamic"].items() if n.endswith("-en")})
     assert v.decision == GO, [r.text() for r in v.reasons]
+
+
+# long-en at 2048 tokens on SmolLM2 (benchmarks/RESULTS.md, "KV cache (issue 12): KL by position"):
+# each candidate's mean, worst and deepest bucket
+LONG_EN_2048 = {"fp8_dynamic": {"kl_mean": 0.0308, "kl_worst_bucket": 0.0790, "kl_last_bucket": 0.0271},
+                "w4a16-g64": {"kl_mean": 0.406, "kl_worst_bucket": 0.763, "kl_last_bucket": 0.385},
+                "kv fp8-head": {"kl_mean": 0.0168, "kl_worst_bucket": 0.0291, "kl_last_bucket": 0.0205}}
+
+
+def test_the_deepest_bucket_limit_against_what_it_was_set_on():
+    """FP8_DYNAMIC weights and an FP8 KV cache stay GO on the deepest bucket with a 2x margin,
+    W4 RTN is NO-GO on it; a candidate whose deepest bucket alone is 1.2x past the NO-GO limit is
+    NO-GO naming that bucket, though its mean and worst bucket pass."""
+    lim = DEFAULT_LIMITS["kl_last_bucket"]
+    for name in ("fp8_dynamic", "kv fp8-head"):
+        assert decide({"long-en": LONG_EN_2048[name]}).decision == GO
+        assert LONG_EN_2048[name]["kl_last_bucket"] * 2 < lim.review
+    v = decide({"long-en": LONG_EN_2048["w4a16-g64"]})
+    assert v.decision == NOGO and ("long-en", "kl_last_bucket", NOGO) in {(r.slice, r.measure, r.level) for r in v.reasons}
+    late = decide({"long-en": {"kl_mean": 0.05, "kl_worst_bucket": 0.10 * 1.2, "kl_last_bucket": 0.10 * 1.2}})
+    assert late.decision == NOGO and [r.measure for r in late.reasons if r.level == NOGO] == ["kl_last_bucket"]
