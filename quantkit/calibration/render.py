@@ -22,7 +22,7 @@ class Row:
     text: str
     instruction: str
     shape: str             # "chat" | "prompt" | "text"
-    task: str | None       # from the log's task field, normalised; None when absent
+    task: str | None       # the log's task field as the user wrote it; None when absent
 
 
 class RowError(Exception):
@@ -103,12 +103,12 @@ def _as_text(value: Any) -> str:
 
 
 def _task_value(value: Any) -> str | None:
+    """The user's label as written (only surrounding space dropped): reports must show it."""
     if value is None:
         return None
     if not isinstance(value, str):
         value = str(value)
-    value = value.strip().lower().replace(" ", "_").replace("-", "_")
-    return value or None
+    return value.strip() or None
 
 
 def _clean_messages(value: Any) -> list[dict[str, str]]:

@@ -20,7 +20,7 @@ from quantkit.calibration.encoding import (Affixes, count_tokens, encode_ids, tr
                                            with_affixes)
 from quantkit.calibration.language import detect_language
 from quantkit.calibration.render import Row
-from quantkit.calibration.tasks import infer_task, normalise_task
+from quantkit.calibration.tasks import infer_task, user_labels
 
 Cell = tuple[str, str]  # (task type, length-bucket label)
 
@@ -68,14 +68,9 @@ def build_pool(rows: list[Row], tokenizer: Any, cfg: SamplerConfig, affixes: Aff
         keep = np.flatnonzero(~too_long)
         dropped = len(rows) - len(keep)
         rows, counts, too_long = [rows[i] for i in keep], counts[keep], too_long[keep]
-    tasks, task_from = [], []
-    for r in rows:
-        if r.task is not None:
-            tasks.append(normalise_task(r.task))
-            task_from.append("field")
-        else:
-            tasks.append(infer_task(r.instruction, r.shape))
-            task_from.append("inferred")
+    inferred = [None if r.task is not None else infer_task(r.instruction, r.shape) for r in rows]
+    tasks = user_labels([r.task for r in rows], inferred)
+    task_from = ["inferred" if r.task is None else "field" for r in rows]
     edges = cfg.bucket_edges()
     lengths = np.minimum(counts, cfg.max_len)
     return Pool(rows=rows, tasks=tasks, task_from=task_from,

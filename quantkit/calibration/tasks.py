@@ -26,13 +26,18 @@ header, "summary" in a reference page) must not decide the task. First match win
                       digit-dense text with arithmetic (``12 * 7``)
 9. ``chat``           any other chat or prompt row; raw-text rows fall back to ``text``.
 
-Labels from a task field are kept verbatim (lower-cased, spaces to underscores), so a log's own
-taxonomy is respected; ``TASK_ALIASES`` only folds common spellings onto the rule names.
+Labels from a task field are the user's and stay the user's in the samples, the manifest and
+the report (``user_labels``): rows group by the label's spelling-insensitive key (case, spaces,
+dashes), shown in its most frequent spelling. Two labels are never merged, whatever they mean.
+``TASK_ALIASES`` is internal: it only lets a row without a label, whose task the rules infer,
+join the user's label for that task (an inferred ``summarisation`` row joins ``summarize``).
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
+from typing import Sequence
 
 TASK_TYPES = ("translation", "summarisation", "extraction", "classification", "code",
               "qa_document", "math", "chat", "text")
@@ -84,8 +89,29 @@ _YEAR = re.compile(r"1[89]\d\d|20\d\d")
 _CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]+")
 
 
-def normalise_task(label: str) -> str:
-    return TASK_ALIASES.get(label, label)
+def task_key(label: str) -> str:
+    """Spelling-insensitive key of a label: ``"Chit Chat"`` and ``"chit-chat"`` are one task."""
+    return label.strip().lower().replace(" ", "_").replace("-", "_")
+
+
+def user_labels(given: Sequence[str | None], inferred: Sequence[str | None]) -> list[str]:
+    """The task label of each row: its own (``given``), else the rules' (``inferred``), named by
+    the user's label for that task when the log has one.
+
+    >>> user_labels(["summarize", "Summarize", "summarize", None, None],
+    ...             [None, None, None, "summarisation", "math"])
+    ['summarize', 'summarize', 'summarize', 'summarize', 'math']
+    """
+    spellings: dict[str, Counter] = {}
+    for label in given:
+        if label is not None:
+            spellings.setdefault(task_key(label), Counter())[label.strip()] += 1
+    # Counter.most_common keeps first-seen order among ties: deterministic for one log
+    shown = {key: c.most_common(1)[0][0] for key, c in spellings.items()}
+    by_rule: dict[str, str] = {}
+    for key in sorted(shown, key=lambda k: (-sum(spellings[k].values()), k)):
+        by_rule.setdefault(TASK_ALIASES.get(key, key), shown[key])
+    return [shown[task_key(g)] if g is not None else by_rule.get(r, r) for g, r in zip(given, inferred)]
 
 
 def infer_task(instruction: str, shape: str) -> str:

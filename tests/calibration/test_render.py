@@ -15,7 +15,7 @@ def test_chat_rows_use_the_model_template(render, tokenizer):
     row = render({"messages": msgs, "task": "Chit Chat"})
     assert row.text == tokenizer.apply_chat_template(msgs, tokenize=False)
     assert row.text.startswith("<|im_start|>system") and "<|im_start|>user\n你好<|im_end|>" in row.text
-    assert row.instruction == "你好" and row.shape == "chat" and row.task == "chit_chat"
+    assert row.instruction == "你好" and row.shape == "chat" and row.task == "Chit Chat"
 
 
 def test_content_parts_and_field_mapping(render):
