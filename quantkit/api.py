@@ -133,7 +133,8 @@ def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, 
     tok = _tokenizer(tokenizer_dir)
     from .calibration import load_calibration
 
-    return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed, warn=warn)
+    return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed, warn=warn,
+                            policy=settings.policy)
 
 
 def _tokenizer(folder: Path | None):

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, Callable, Mapping, NamedTuple
+from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
 import yaml
 from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
@@ -51,6 +51,8 @@ class CalibrationSettings:
     max_seq_len: Annotated[StrictInt, Field(ge=8)] = 512
     seed: StrictInt = 0
     dataset: StrictStr | None = None  # a path; None: the embedded default sample
+    # samples per (task x length) cell when a log is sampled: calibration/allocate.py's POLICIES
+    policy: Literal["traffic", "sqrt", "balanced"] = "traffic"
     # Calibration tokens run through a layer in one call (samples packed into rows). None:
     # as many as fit a quarter of the free memory, normally all of them (one pass per layer).
     batch_tokens: Annotated[StrictInt, Field(gt=0)] | None = None

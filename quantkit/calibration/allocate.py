@@ -1,11 +1,16 @@
 """How many samples each (task type x length bucket) cell gets. Pure arithmetic, no data.
 
+A cell has two sizes: its traffic (rows of the log, repeats counted) and its distinct rows (what
+can be drawn: de-duplication means no text is drawn twice). The policy weighs cells by traffic;
+the distinct rows only cap what a cell can give.
+
 1. Floors: every non-empty cell gets ``min(min_per_cell, capacity)``. When ``n`` is too small
-   to floor every cell, the floors go to the largest cells first (ties by cell key).
+   to floor every cell, the floors go to the cells with the most traffic first (ties by key).
 2. The rest is water-filled: each cell gets ``clip(lam * weight, floor, capacity)`` with one
-   ``lam`` chosen so the total is ``n``. Weight is the cell's source row count under the
-   ``proportional`` policy (so shares follow traffic, minus what the floors took) and 1 under
-   ``balanced`` (equal cells, capped by what the source holds).
+   ``lam`` chosen so the total is ``n``. The weight is the cell's traffic under ``traffic``
+   (shares follow the requests the server sees), its square root under ``sqrt`` (a compromise
+   that lifts rare cells), and 1 under ``balanced`` (equal cells). A cell whose distinct rows
+   run out before its share gives the remainder to the others, by the same weights.
 3. Integers by largest remainder, ties broken by cell key, never above capacity.
 """
 
@@ -19,20 +24,37 @@ K = TypeVar("K", bound=Hashable)
 _BISECTION_STEPS = 100
 
 
-def allocate(source_counts: Mapping[K, int], n: int, policy: str = "proportional",
-             min_per_cell: int = 1, capacity: Mapping[K, int] | None = None) -> dict[K, int]:
-    """Samples per cell.
+POLICIES = ("traffic", "sqrt", "balanced")
+
+
+def policy_weight(policy: str, traffic: float) -> float:
+    """A cell's weight under ``policy`` from its traffic (rows, repeats counted)."""
+    if policy == "traffic":
+        return float(traffic)
+    if policy == "sqrt":
+        return math.sqrt(traffic)
+    if policy == "balanced":
+        return 1.0
+    raise ValueError(f"unknown allocation policy {policy!r} (known: {', '.join(POLICIES)})")
+
+
+def allocate(traffic: Mapping[K, int], n: int, policy: str = "traffic", min_per_cell: int = 1,
+             capacity: Mapping[K, int] | None = None) -> dict[K, int]:
+    """Samples per cell: ``traffic`` counts each cell's rows with repeats, ``capacity`` its
+    distinct rows (default: ``traffic``, a log without repeats).
 
     Example:
         >>> allocate({"a": 900, "b": 90, "c": 10}, 100, min_per_cell=2)
         {'a': 89, 'b': 9, 'c': 2}
+        >>> allocate({"a": 900, "b": 90, "c": 10}, 100, "sqrt", 2)
+        {'a': 70, 'b': 22, 'c': 8}
     """
-    cap = {c: int((capacity or source_counts)[c]) for c in source_counts if source_counts[c] > 0}
+    cap = {c: int((capacity or traffic)[c]) for c in traffic if traffic[c] > 0}
     cells = sorted(cap, key=_key)
     if n >= sum(cap.values()):
         return {c: cap[c] for c in cells}
-    floors = _floors(source_counts, cap, cells, n, min_per_cell)
-    weights = {c: float(source_counts[c]) if policy == "proportional" else 1.0 for c in cells}
+    floors = _floors(traffic, cap, cells, n, min_per_cell)
+    weights = {c: policy_weight(policy, traffic[c]) for c in cells}
     ideal = _water_fill(weights, floors, cap, n)
     return _round(ideal, floors, cap, cells, n)
 

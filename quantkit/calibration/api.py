@@ -127,12 +127,13 @@ def _check_malformed(path: Path, raw: RawLog, rows_read: int, valid: int, cfg: S
 
 
 def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int, max_seq_len: int,
-                     seed: int = 0, warn: Callable[[str], None] | None = None) -> list[list[int]]:
+                     seed: int = 0, warn: Callable[[str], None] | None = None,
+                     policy: str = "traffic") -> list[list[int]]:
     """Token ids for calibration, BOS rules applied, each at most ``max_seq_len`` long.
 
     ``source``: a sampler output folder (its saved samples are used: a stratified subset when
     fewer are asked for), a JSONL/CSV/Parquet/.txt log or HF datasets folder (sampled on the
-    fly with the default policy), or ``None``/``"default"`` for the embedded default log.
+    fly with ``policy``, see allocate.py), or ``None``/``"default"`` for the embedded default log.
     ``warn`` receives one line for each thing the caller should know (malformed rows skipped
     under the limit, fewer samples than asked, another tokenizer); default: this module's logger.
 
@@ -145,7 +146,7 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
         source = default_log_path()
     path = Path(source)
     if not is_sampler_output(path):
-        cfg = SamplerConfig(num_samples=num_samples, max_len=max_seq_len, seed=seed)
+        cfg = SamplerConfig(num_samples=num_samples, max_len=max_seq_len, seed=seed, policy=policy)
         res = calibrate(path, tok, cfg)
         bad = res.manifest["malformed"]
         skipped = Malformed({r: d["count"] for r, d in bad.items()}, {r: d["first_lines"] for r, d in bad.items()})
@@ -181,7 +182,7 @@ def _stratified_subset(samples: list[dict[str, Any]], n: int, seed: int) -> list
     cells: dict[tuple[str, str], list[int]] = {}
     for k, s in enumerate(samples):
         cells.setdefault((s["task"], s["bucket"]), []).append(k)
-    quotas = allocate({c: len(ix) for c, ix in cells.items()}, n, "proportional", 1)
+    quotas = allocate({c: len(ix) for c, ix in cells.items()}, n, "traffic", 1)
     rng = np.random.default_rng(seed)
     keep = []
     for c in sorted(cells):

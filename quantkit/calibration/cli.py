@@ -32,7 +32,9 @@ def calibrate_command(
                                                         "truncated (counted) or dropped (--long drop)."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder: samples.jsonl, manifest.json, report.*"),
     seed: int = typer.Option(0, "--seed", help="Random seed: one seed, byte-identical outputs."),
-    policy: str = typer.Option("proportional", "--policy", help="proportional (traffic shares) or balanced."),
+    policy: str = typer.Option("traffic", "--policy", help="Samples per (task x length) cell: traffic (shares of the "
+                                                          "log's rows, repeats counted), sqrt (square root of "
+                                                          "them) or balanced (equal cells)."),
     min_per_cell: int = typer.Option(2, "--min-per-cell", help="Floor per non-empty (task x length) cell."),
     edges: Optional[str] = typer.Option(None, "--edges", help="Length-bucket upper edges in tokens, e.g. "
                                                               "64,256,1024 (max-len always closes the last)."),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from quantkit.calibration.allocate import POLICIES
 from quantkit.errors import QuantkitError
 
 CONFIG_VERSION = 1
@@ -17,7 +18,6 @@ CONFIG_VERSION = 1
 #: bucket always ends at ``max_len``; edges at or above ``max_len`` are dropped.
 DEFAULT_LENGTH_EDGES: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
-POLICIES = ("proportional", "balanced")
 LONG_POLICIES = ("truncate", "drop")
 
 
@@ -59,7 +59,7 @@ class SamplerConfig:
     num_samples: int = 512
     max_len: int = 2048
     seed: int = 0
-    policy: str = "proportional"
+    policy: str = "traffic"            # allocate.py: traffic, sqrt or balanced
     min_per_cell: int = 2
     length_edges: tuple[int, ...] = DEFAULT_LENGTH_EDGES
     long_policy: str = "truncate"

@@ -1,8 +1,9 @@
 """Duplicate removal.
 
 - Exact duplicates: same text after Unicode NFKC, case folding and whitespace collapsing
-  (a re-sent prompt with a trailing space is the same prompt). Removed from the whole log
-  before shares are computed; the first occurrence is kept.
+  (a re-sent prompt with a trailing space is the same prompt). The first occurrence is kept and
+  stands for all its copies: de-duplication stops a text being drawn twice, while its copies
+  still count towards its cell's traffic share (allocate.py).
 - Near duplicates: MinHash over 5-token shingles estimates the Jaccard similarity of two
   samples; a candidate at or above the threshold (default 0.8) to any sample already drawn is
   skipped and counted. This runs on the drawn candidates only (hundreds, not the whole log),
@@ -28,18 +29,20 @@ def exact_key(text: str) -> bytes:
     return hashlib.blake2b(norm.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def first_occurrences(texts: Sequence[str]) -> tuple[list[int], list[int]]:
-    """Indices of the rows kept (first of each exact-duplicate group) and of those removed."""
-    seen: set[bytes] = set()
-    kept, removed = [], []
+def occurrences(texts: Sequence[str]) -> tuple[list[int], list[int]]:
+    """Indices of the first row of each exact-duplicate group, and how many rows each stands for
+    (the traffic a distinct text carries: a request sent 40 times weighs 40 in its cell's share)."""
+    first: dict[bytes, int] = {}
+    kept, copies = [], []
     for i, text in enumerate(texts):
         key = exact_key(text)
-        if key in seen:
-            removed.append(i)
+        if key in first:
+            copies[first[key]] += 1
         else:
-            seen.add(key)
+            first[key] = len(kept)
             kept.append(i)
-    return kept, removed
+            copies.append(1)
+    return kept, copies
 
 
 def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:

@@ -16,7 +16,7 @@ from quantkit.calibration.io import Malformed
 from quantkit.calibration.sampler import Pool, Selection, bucket_index
 
 MANIFEST_FORMAT = "quantkit-calibration"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: traffic (repeats counted) beside distinct rows
 SHARE_DIGITS = 6
 
 
@@ -29,8 +29,9 @@ def histogram_edges(max_len: int) -> list[int]:
     return edges + [max_len]
 
 
-def _histogram(lengths: np.ndarray, edges: list[int]) -> list[int]:
-    return np.bincount(bucket_index(lengths, edges), minlength=len(edges)).astype(int).tolist()
+def _histogram(lengths: np.ndarray, edges: list[int], weights: np.ndarray | None = None) -> list[int]:
+    counts = np.bincount(bucket_index(lengths, edges), weights=weights, minlength=len(edges))
+    return np.rint(counts).astype(int).tolist()
 
 
 def _share(part: int, whole: int) -> float:
@@ -46,17 +47,20 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
                    warnings: list[str]) -> dict[str, Any]:
     picked = selection.indices
     n_pool, n_sel = len(pool.rows), len(picked)
-    cells = pool.cells()
+    n_traffic = int(pool.traffic.sum())
+    traffic = pool.cell_traffic()
     cell_rows = []
-    for c, ix in cells.items():
+    for c, ix in pool.cells().items():
         cell_rows.append({
             "task": c[0], "bucket": c[1],
-            "source_rows": len(ix), "source_share": _share(len(ix), n_pool),
+            "traffic_rows": traffic[c], "traffic_share": _share(traffic[c], n_traffic),
+            "distinct_rows": len(ix), "distinct_share": _share(len(ix), n_pool),
             "target": selection.targets[c], "target_share": _share(selection.targets[c], cfg.num_samples),
             "selected": selection.selected[c], "sample_share": _share(selection.selected[c], n_sel),
         })
     sel_tasks = [pool.tasks[i] for i in picked]
     sel_buckets = [pool.labels[pool.buckets[i]] for i in picked]
+    copies = pool.traffic.tolist()
     hist_edges = histogram_edges(cfg.max_len)
     return {
         "format": MANIFEST_FORMAT,
@@ -84,11 +88,12 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
         },
         "bucket_labels": pool.labels,
         "cells": cell_rows,
-        "tasks": _marginal(pool.tasks, sel_tasks),
-        "buckets": _marginal([pool.labels[b] for b in pool.buckets], sel_buckets, order=pool.labels),
+        "tasks": _marginal(pool.tasks, copies, sel_tasks),
+        "buckets": _marginal([pool.labels[b] for b in pool.buckets], copies, sel_buckets, order=pool.labels),
         "length_histogram": {
             "edges": hist_edges,
-            "source": _histogram(pool.lengths, hist_edges),
+            "traffic": _histogram(pool.lengths, hist_edges, pool.traffic.astype(np.float64)),
+            "distinct": _histogram(pool.lengths, hist_edges),
             "sample": _histogram(np.asarray([len(ids) for ids in selection.ids], dtype=np.int64),
                                  hist_edges),
         },
@@ -100,20 +105,30 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
     }
 
 
-def _marginal(source: list[str], sample: list[str], order: list[str] | None = None) -> list[dict[str, Any]]:
-    src, smp = Counter(source), Counter(sample)
+def _marginal(source: list[str], copies: list[int], sample: list[str],
+              order: list[str] | None = None) -> list[dict[str, Any]]:
+    src, smp, traffic = Counter(source), Counter(sample), Counter()
+    for k, n in zip(source, copies):
+        traffic[k] += n
+    total = sum(copies)
     keys = [k for k in order if k in src] if order else sorted(src)
-    return [{"name": k, "source_rows": src[k], "source_share": _share(src[k], len(source)),
+    return [{"name": k, "traffic_rows": traffic[k], "traffic_share": _share(traffic[k], total),
+             "distinct_rows": src[k], "distinct_share": _share(src[k], len(source)),
              "selected": smp[k], "sample_share": _share(smp[k], len(sample))} for k in keys]
 
 
 def coverage_warnings(pool: Pool, selection: Selection, cfg: SamplerConfig) -> list[str]:
     """Thin cells (few source rows), cells left out, and a set smaller than asked."""
     out = []
+    traffic, total = pool.cell_traffic(), max(int(pool.traffic.sum()), 1)
     for c, ix in pool.cells().items():
         if len(ix) < cfg.warn_below_rows:
-            out.append(f"cell {c[0]} x {c[1]}: only {len(ix)} source rows (< {cfg.warn_below_rows}); "
+            out.append(f"cell {c[0]} x {c[1]}: only {len(ix)} distinct rows (< {cfg.warn_below_rows}); "
                        "collect more traffic of this kind")
+        wanted = cfg.num_samples * traffic[c] / total if cfg.policy == "traffic" else 0.0
+        if selection.selected[c] == len(ix) and wanted >= len(ix) + 1:
+            out.append(f"cell {c[0]} x {c[1]}: all {len(ix)} distinct rows drawn, its traffic share asked for "
+                       f"{wanted:.0f} (its requests repeat); the rest went to other cells")
         if selection.selected[c] == 0:
             out.append(f"cell {c[0]} x {c[1]}: not represented (num_samples too small for all cells)")
     if len(selection.indices) < cfg.num_samples:

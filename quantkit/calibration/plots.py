@@ -9,31 +9,27 @@ import io
 from typing import Any
 
 
+SERIES = ("traffic", "distinct", "sample")  # bars per label, in this order
+_COLOURS = {"traffic": "#8da0cb", "distinct": "#66c2a5", "sample": "#fc8d62"}
+
+
 def figure_series(manifest: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Name -> {title, labels, source, sample, unit}; shares in percent of rows."""
+    """Name -> {title, labels, traffic, distinct, sample, unit}: shares in percent of the log's rows
+    (repeats counted), of its distinct rows, and of the sample."""
     hist = manifest["length_histogram"]
     lows = [0] + hist["edges"][:-1]
-    src_total, smp_total = sum(hist["source"]) or 1, sum(hist["sample"]) or 1
+
+    def marginal(items: list[dict[str, Any]], title: str) -> dict[str, Any]:
+        return {"title": title, "labels": [t["name"] for t in items], "unit": "% of rows",
+                **{k: [_pct(t[f"{k}_share"]) for t in items] for k in SERIES}}
+
     return {
-        "tasks": {
-            "title": "Share per task type: source vs sample",
-            "labels": [t["name"] for t in manifest["tasks"]],
-            "source": [_pct(t["source_share"]) for t in manifest["tasks"]],
-            "sample": [_pct(t["sample_share"]) for t in manifest["tasks"]],
-            "unit": "% of rows",
-        },
-        "buckets": {
-            "title": "Share per length bucket (tokens): source vs sample",
-            "labels": [b["name"] for b in manifest["buckets"]],
-            "source": [_pct(b["source_share"]) for b in manifest["buckets"]],
-            "sample": [_pct(b["sample_share"]) for b in manifest["buckets"]],
-            "unit": "% of rows",
-        },
+        "tasks": marginal(manifest["tasks"], "Share per task type: traffic, distinct rows, sample"),
+        "buckets": marginal(manifest["buckets"], "Share per length bucket (tokens): traffic, distinct rows, sample"),
         "lengths": {
             "title": "Token-length histogram (capped at max_len)",
             "labels": [f"{lo + 1}-{hi}" for lo, hi in zip(lows, hist["edges"])],
-            "source": [round(100 * c / src_total, 4) for c in hist["source"]],
-            "sample": [round(100 * c / smp_total, 4) for c in hist["sample"]],
+            **{k: [round(100 * c / (sum(hist[k]) or 1), 4) for c in hist[k]] for k in SERIES},
             "unit": "% of rows",
         },
     }
@@ -56,8 +52,10 @@ def render_png(series: dict[str, Any]) -> bytes:
     fig = Figure(figsize=(width, 3.6), dpi=90)
     ax = fig.add_subplot(1, 1, 1)
     xs = range(len(labels))
-    ax.bar([x - 0.2 for x in xs], series["source"], width=0.4, label="source", color="#8da0cb")
-    ax.bar([x + 0.2 for x in xs], series["sample"], width=0.4, label="sample", color="#fc8d62")
+    bar = 0.8 / len(SERIES)
+    for j, name in enumerate(SERIES):
+        ax.bar([x + (j - (len(SERIES) - 1) / 2) * bar for x in xs], series[name], width=bar, label=name,
+               color=_COLOURS[name])
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)
     ax.set_ylabel(series["unit"])

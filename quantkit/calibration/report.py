@@ -12,16 +12,18 @@ from typing import Any
 from quantkit.calibration.plots import figure_series, png_base64
 
 REPORT_FORMAT = "quantkit-calibration-report"
-REPORT_VERSION = 1
+REPORT_VERSION = 2
 
 _COUNT_LABELS = (
     ("rows_read", "rows read"), ("malformed", "malformed (skipped)"), ("valid", "valid rows"),
     ("duplicates_exact", "exact duplicates removed"), ("dropped_too_long", "dropped as too long"),
     ("pool", "distinct rows sampled from"), ("duplicates_near", "near duplicates skipped"),
-    ("selected", "samples selected"), ("truncated_source", "source rows over max_len"),
+    ("selected", "samples selected"), ("truncated_source", "distinct rows over max_len"),
     ("truncated_selected", "samples truncated to max_len"), ("tokens_selected", "tokens in the sample"),
 )
-_CELL_COLUMNS = ("task", "bucket", "source_rows", "source_share", "target", "selected", "sample_share")
+# traffic counts repeats (the server's view), distinct is what can be drawn, sample what was
+_CELL_COLUMNS = ("task", "bucket", "traffic_rows", "traffic_share", "distinct_rows", "distinct_share",
+                 "target", "selected", "sample_share")
 
 
 def report_json(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def _summary_lines(manifest: dict[str, Any]) -> list[str]:
             f"tokenizer: `{manifest['tokenizer']['name_or_path']}`",
             f"policy: {cfg['policy']}, seed {cfg['seed']}, num_samples {cfg['num_samples']}, "
             f"max_len {cfg['max_len']}, min_per_cell {cfg['min_per_cell']}",
-            f"task types: {_kv(manifest['task_source']['source'])} (source rows)",
+            f"task types: {_kv(manifest['task_source']['source'])} (distinct rows)",
             f"languages: source {_kv(manifest['languages']['source'])}; "
             f"sample {_kv(manifest['languages']['sample'])}"]
 
@@ -58,11 +60,12 @@ def _kv(d: dict[str, int]) -> str:
 
 
 def _marginal_rows(items: list[dict[str, Any]]) -> list[list[str]]:
-    return [[i["name"], str(i["source_rows"]), _pct(i["source_share"]), str(i["selected"]),
-             _pct(i["sample_share"])] for i in items]
+    return [[i["name"], str(i["traffic_rows"]), _pct(i["traffic_share"]), str(i["distinct_rows"]),
+             _pct(i["distinct_share"]), str(i["selected"]), _pct(i["sample_share"])] for i in items]
 
 
-_MARGINAL_HEAD = ["name", "source rows", "source share", "selected", "sample share"]
+_MARGINAL_HEAD = ["name", "traffic rows", "traffic share", "distinct rows", "distinct share", "selected",
+                  "sample share"]
 
 
 def report_markdown(manifest: dict[str, Any]) -> str:
@@ -84,10 +87,11 @@ def report_markdown(manifest: dict[str, Any]) -> str:
     hist = manifest["length_histogram"]
     lows = [0] + hist["edges"][:-1]
     out += ["## Token-length histogram", ""]
-    out += table(["tokens", "source", "sample"], [[f"{lo + 1}-{hi}", str(s), str(t)] for lo, hi, s, t in
-                                                  zip(lows, hist["edges"], hist["source"], hist["sample"])])
+    out += table(["tokens", "traffic", "distinct", "sample"],
+                 [[f"{lo + 1}-{hi}", str(r), str(d), str(t)] for lo, hi, r, d, t in
+                  zip(lows, hist["edges"], hist["traffic"], hist["distinct"], hist["sample"])])
     out += ["## Warnings", ""] + ([f"- {w}" for w in manifest["warnings"]] or ["none"]) + [""]
-    out += ["Figures: see report.html (source vs sample share per task type and length bucket, "
+    out += ["Figures: see report.html (traffic, distinct and sample shares per task type and length bucket, "
             "token-length histogram).", ""]
     return "\n".join(out)
 

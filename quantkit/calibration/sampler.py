@@ -15,7 +15,7 @@ import numpy as np
 
 from quantkit.calibration.allocate import allocate
 from quantkit.calibration.config import SamplerConfig
-from quantkit.calibration.dedup import NearDuplicateIndex, first_occurrences, minhash
+from quantkit.calibration.dedup import NearDuplicateIndex, minhash, occurrences
 from quantkit.calibration.encoding import (Affixes, count_tokens, encode_ids, truncate,
                                            with_affixes)
 from quantkit.calibration.language import detect_language
@@ -47,6 +47,7 @@ class Pool:
     labels: list[str]
     duplicates_exact: int
     dropped_long: int
+    traffic: np.ndarray            # rows of the log each distinct row stands for (itself + its repeats)
 
     def cell(self, i: int) -> Cell:
         return (self.tasks[i], self.labels[self.buckets[i]])
@@ -57,17 +58,22 @@ class Pool:
             out.setdefault(self.cell(i), []).append(i)
         return dict(sorted(out.items()))
 
+    def cell_traffic(self) -> dict[Cell, int]:
+        """Rows of the log per cell, repeats counted (what the server sees)."""
+        return {c: int(self.traffic[ix].sum()) for c, ix in self.cells().items()}
+
 
 def build_pool(rows: list[Row], tokenizer: Any, cfg: SamplerConfig, affixes: Affixes) -> Pool:
-    kept, removed = first_occurrences([r.text for r in rows])
-    rows = [rows[i] for i in kept]
+    kept, copies = occurrences([r.text for r in rows])
+    duplicates = len(rows) - len(kept)
+    rows, traffic = [rows[i] for i in kept], np.asarray(copies, dtype=np.int64)
     counts = count_tokens(tokenizer, [r.text for r in rows], cfg.max_len, affixes)
     too_long = counts > cfg.max_len
     dropped = 0
     if cfg.long_policy == "drop":
         keep = np.flatnonzero(~too_long)
         dropped = len(rows) - len(keep)
-        rows, counts, too_long = [rows[i] for i in keep], counts[keep], too_long[keep]
+        rows, counts, too_long, traffic = [rows[i] for i in keep], counts[keep], too_long[keep], traffic[keep]
     inferred = [None if r.task is not None else infer_task(r.instruction, r.shape) for r in rows]
     tasks = user_labels([r.task for r in rows], inferred)
     task_from = ["inferred" if r.task is None else "field" for r in rows]
@@ -76,7 +82,8 @@ def build_pool(rows: list[Row], tokenizer: Any, cfg: SamplerConfig, affixes: Aff
     return Pool(rows=rows, tasks=tasks, task_from=task_from,
                 languages=[detect_language(r.instruction) for r in rows],
                 lengths=lengths, truncated=too_long, buckets=bucket_index(lengths, edges),
-                labels=bucket_labels(edges), duplicates_exact=len(removed), dropped_long=dropped)
+                labels=bucket_labels(edges), duplicates_exact=duplicates, dropped_long=dropped,
+                traffic=traffic)
 
 
 @dataclass
@@ -90,17 +97,17 @@ class Selection:
 
 def draw(pool: Pool, tokenizer: Any, cfg: SamplerConfig, affixes: Affixes) -> Selection:
     cells = pool.cells()
-    source_counts = {c: len(ix) for c, ix in cells.items()}
+    traffic = pool.cell_traffic()
     rng = np.random.default_rng(cfg.seed)
     order = {c: [ix[j] for j in rng.permutation(len(ix))] for c, ix in cells.items()}
     pointer = {c: 0 for c in cells}
     chosen: dict[Cell, list[tuple[int, list[int]]]] = {c: [] for c in cells}
-    capacity = dict(source_counts)
+    capacity = {c: len(ix) for c, ix in cells.items()}  # distinct rows: no text drawn twice
     near = NearDuplicateIndex(cfg.near_dup_threshold)
     near_count = 0
     targets: dict[Cell, int] | None = None
     while True:
-        quotas = allocate(source_counts, cfg.num_samples, cfg.policy, cfg.min_per_cell, capacity)
+        quotas = allocate(traffic, cfg.num_samples, cfg.policy, cfg.min_per_cell, capacity)
         targets = targets or quotas
         exhausted = False
         for c in cells:

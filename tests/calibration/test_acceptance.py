@@ -29,14 +29,14 @@ def test_every_nonempty_cell_is_represented(skewed):
     cells = res.manifest["cells"]
     assert len(cells) >= 12  # the log really spreads over many (task x length) cells
     for c in cells:
-        assert c["source_rows"] > 0
-        assert c["selected"] >= min(2, c["source_rows"]), c
+        assert c["distinct_rows"] > 0
+        assert c["selected"] >= min(2, c["distinct_rows"]), c
 
 
 def test_cell_shares_within_two_points_of_target(skewed):
     _, res, _, _ = skewed
     assert res.manifest["counts"]["selected"] == N
-    worst = max(abs(c["sample_share"] - c["source_share"]) for c in res.manifest["cells"])
+    worst = max(abs(c["sample_share"] - c["traffic_share"]) for c in res.manifest["cells"])
     assert worst <= 0.02, worst
 
 
@@ -53,7 +53,7 @@ def test_samples_file_agrees_with_manifest(skewed):
 
 def test_task_types_from_field_and_inferred(skewed):
     truth, res, _, _ = skewed
-    src = {t["name"]: t["source_rows"] for t in res.manifest["tasks"]}
+    src = {t["name"]: t["distinct_rows"] for t in res.manifest["tasks"]}
     assert res.manifest["task_source"]["source"]["field"] == sum(
         truth["tasks"][t] for t in ("chat", "code", "translation", "classification"))
     for task, rows in truth["tasks"].items():

@@ -4,7 +4,7 @@ from hypothesis import strategies as st
 from quantkit.calibration.allocate import allocate
 
 
-def test_proportional_follows_counts_with_floors():
+def test_traffic_follows_counts_with_floors():
     got = allocate({"a": 900, "b": 90, "c": 10}, 100, min_per_cell=2)
     assert got == {"a": 89, "b": 9, "c": 2}
 
@@ -30,14 +30,14 @@ counts = st.dictionaries(st.text("abcdefgh", min_size=1, max_size=2), st.integer
 
 
 @settings(max_examples=200, deadline=None)
-@given(counts, st.integers(1, 2000), st.sampled_from(["proportional", "balanced"]), st.integers(0, 4))
+@given(counts, st.integers(1, 2000), st.sampled_from(["traffic", "sqrt", "balanced"]), st.integers(0, 4))
 def test_allocation_invariants(source, n, policy, floor):
     got = allocate(source, n, policy, floor)
     assert sum(got.values()) == min(n, sum(source.values()))
     assert all(0 <= got[c] <= source[c] for c in source)
     if n >= floor * len(source):
         assert all(got[c] >= min(floor, source[c]) for c in source)
-    if policy == "proportional" and n >= floor * len(source):
+    if policy == "traffic" and n >= floor * len(source):
         # Cells above their floor are within one sample of the water-filled ideal: no cell
         # above its floor is more than 1 sample richer (per unit weight) than another.
         free = [c for c in source if got[c] > min(floor, source[c]) and got[c] < source[c]]

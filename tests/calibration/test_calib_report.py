@@ -70,8 +70,9 @@ def test_html_tables_match_manifest(run):
     doc = _Doc()
     doc.feed((out / "report.html").read_text(encoding="utf-8"))
     cells = doc.tables["cells"][1:]
-    assert [(r[0], r[1], int(r[2]), int(r[4]), int(r[5])) for r in cells] == \
-        [(c["task"], c["bucket"], c["source_rows"], c["target"], c["selected"]) for c in m["cells"]]
+    assert [(r[0], r[1], int(r[2]), int(r[4]), int(r[6]), int(r[7])) for r in cells] == \
+        [(c["task"], c["bucket"], c["traffic_rows"], c["distinct_rows"], c["target"], c["selected"])
+         for c in m["cells"]]
     counts = dict(doc.tables["counts"][1:])
     assert counts["samples selected"] == str(m["counts"]["selected"]) == "64"
     assert counts["rows read"] == "402" and counts["malformed (skipped)"] == "2"
@@ -105,7 +106,7 @@ def test_json_and_markdown_carry_the_same_numbers(run):
     assert rep["cells"] == res.manifest["cells"] and rep["counts"] == res.manifest["counts"]
     md = (out / "report.md").read_text()
     for c in res.manifest["cells"]:
-        assert f"| {c['task']} | {c['bucket']} | {c['source_rows']} |" in md
+        assert f"| {c['task']} | {c['bucket']} | {c['traffic_rows']} |" in md
 
 
 def test_reports_hold_no_calibration_text(run):

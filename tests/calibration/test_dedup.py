@@ -1,4 +1,4 @@
-from quantkit.calibration.dedup import NearDuplicateIndex, exact_key, first_occurrences, minhash
+from quantkit.calibration.dedup import NearDuplicateIndex, exact_key, minhash, occurrences
 
 
 def test_exact_key_ignores_case_width_and_spacing():
@@ -7,9 +7,9 @@ def test_exact_key_ignores_case_width_and_spacing():
     assert exact_key("hello world") != exact_key("hello word")
 
 
-def test_first_occurrences_keeps_the_first():
-    kept, removed = first_occurrences(["a b", "c", "A  B", "c ", "d"])
-    assert kept == [0, 1, 4] and removed == [2, 3]
+def test_occurrences_keep_the_first_and_count_the_copies():
+    kept, copies = occurrences(["a b", "c", "A  B", "c ", "d", "a b"])
+    assert kept == [0, 1, 4] and copies == [3, 2, 1]
 
 
 def test_near_duplicates_by_token_shingles(tokenizer, real_units):

@@ -39,7 +39,7 @@ def test_manifest_and_samples_keep_the_users_labels(labelled):
     assert {c["task"] for c in m["cells"]} == names
     assert {s["task"] for s in labelled.samples} <= names
     # the unlabelled summarise/extract rows joined the user's labels, not new rule-named tasks
-    rows = {t["name"]: t["source_rows"] for t in m["tasks"]}
+    rows = {t["name"]: t["distinct_rows"] for t in m["tasks"]}
     assert rows["summarize"] == 60 and rows["Extract"] == 60 and rows["Q&A"] == 40, rows
 
 
