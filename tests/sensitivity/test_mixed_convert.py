@@ -68,7 +68,23 @@ def test_checkpoint_holds_the_plan_within_budget(converted):
 
 
 def test_mixed_checkpoint_loads_in_transformers_with_compressed_tensors(converted):
-    assert relative_logit_error(converted, seed=9) < 1e-3
+    from transformers import AutoModelForCausalLM
+    from transformers.quantizers.quantizer_compressed_tensors import CompressedTensorsHfQuantizer
+
+    # compressed-tensors itself reads the mix: each Linear carries its planned scheme
+    theirs = AutoModelForCausalLM.from_pretrained(converted)
+    assert isinstance(theirs.hf_quantizer, CompressedTensorsHfQuantizer)
+    sens = Sensitivity.load(converted / "sensitivity.json")
+    choice = Plan.load(converted / "plan.json").choice
+    planned = {m: choice[u.name] for u in sens.units for m in u.members}
+    read = {}
+    for name, cand in planned.items():
+        scheme = getattr(theirs.get_submodule(name), "quantization_scheme", None)
+        read[name] = "KEEP" if scheme is None else scheme.weights.num_bits
+    assert read == {m: "KEEP" if c == "KEEP" else BITS[c] for m, c in planned.items()}
+    assert len(set(read.values())) >= 2
+    # and computes quantkit.load's logits
+    assert relative_logit_error(converted, seed=9) <= 1e-3
 
 
 def test_another_budget_reuses_the_search(converted, tiny_llama, tmp_path):
