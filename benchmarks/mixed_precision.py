@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--extra", default="0.5,1.5", help="bits per weight over uniform W4 g64 (4.5 with fp32 scales)")
     ap.add_argument("--sensitivity", type=Path, default=None)
     ap.add_argument("--save-sensitivity", type=Path, default=None)
-    ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--tokens", type=int, default=None, help="the search's calibration tokens (default: the mixed: key's)")
     ap.add_argument("--max-len", type=int, default=2048)
     ap.add_argument("--only", default=None, help="comma list of plan labels to convert and measure")
     ap.add_argument("--json", type=Path, default=None)
@@ -66,7 +66,8 @@ def main() -> None:
         sens = Sensitivity.load(args.sensitivity)
     else:
         c0 = time.process_time()
-        sens = quantkit.api.sensitivity(folder, recipe, tokens=args.tokens, log=say)
+        tokens = {} if args.tokens is None else {"tokens": args.tokens}
+        sens = quantkit.api.sensitivity(folder, recipe, log=say, **tokens)
         out["search_cpu_s"] = time.process_time() - c0
         if args.save_sensitivity:
             sens.save(args.save_sensitivity)

@@ -31,6 +31,7 @@ from .kv_cache.long_rows import long_rows
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
+from .sensitivity.settings import DEFAULT_TOKENS
 from .source import SafetensorsSource, StateDictSource, copy_side_files, read_config_json
 
 _logger = logging.getLogger("quantkit")
@@ -259,7 +260,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
 
 def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Path | Recipe | dict | None" = None,
                 calibration: "str | Path | Sequence | None" = None, *, candidates: "Sequence | None" = None,
-                tokens: int = 8192, labels: str = "sampled", exact_units: int = 0,
+                tokens: int = DEFAULT_TOKENS, labels: str = "sampled", exact_units: int = 0,
                 exact_candidates: "list[str] | None" = None, exact_tokens: int = 2048,
                 log: Callable | None = None, trust_remote_code: bool = False):
     """Score every unit of the model's decoder layers in every candidate format (``Sensitivity``).

@@ -163,7 +163,8 @@ def sensitivity_command(
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data (default: the recipe's, else the bundled sample)."),
     candidates: Optional[List[str]] = typer.Option(None, "--candidate", help="A candidate format (W4_G128, W4_G64, "
                                                    "W4_G32, W8_CHANNEL, KEEP); repeatable (default: all)."),
-    tokens: int = typer.Option(8192, "--tokens", help="Calibration tokens the scores are formed on."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", help="Calibration tokens the scores are formed on "
+                                          "(default: the mixed: key's, 2048)."),
     exact_units: int = typer.Option(0, "--exact-units", help="Also measure this many units one at a time (exact KL) "
                                     "and print how well the scores rank them (a model pass per unit and format)."),
     top: int = typer.Option(10, "--top", help="Units shown per candidate."),
@@ -176,6 +177,8 @@ def sensitivity_command(
         from .validation import check_flag
         from .sensitivity.settings import MixedSettings
 
+        if tokens is None:
+            tokens = MixedSettings().tokens
         check_flag(MixedSettings, "tokens", tokens, "--tokens")
         if out is not None and not out.parent.is_dir():
             raise QuantkitError(f"--out: {out.parent} is not a folder")

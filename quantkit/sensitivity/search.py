@@ -27,6 +27,7 @@ from .candidates import _Candidate, fits
 from .data import Sensitivity
 from .exact import ExactKL
 from .scores import VARIANTS, gradient_scores
+from .settings import DEFAULT_TOKENS
 from .units import FormatUnit, plan_units
 
 #: The variant plans use, chosen by its agreement with the exact KL (benchmarks/RESULTS.md).
@@ -68,7 +69,7 @@ def deltas_for(model: nn.Module, units: list[FormatUnit], cands: list[_Candidate
 
 
 def sensitivity_search(model: nn.Module, config, recipe: Recipe, samples: list[list[int]],
-                       candidates: list[_Candidate], *, tokens: int = 8192, labels: str = "sampled",
+                       candidates: list[_Candidate], *, tokens: int = DEFAULT_TOKENS, labels: str = "sampled",
                        method: str = DEFAULT_METHOD, exact_units: int = 0, exact_candidates: list[str] | None = None,
                        exact_tokens: int = 2048, seed: int = 0,
                        log: Callable[[str], None] | None = None) -> Sensitivity:
