@@ -29,6 +29,12 @@ def exact_key(text: str) -> bytes:
     return hashlib.blake2b(norm.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
+def content_key(content: str) -> str:
+    """Hex hash of a row's template-free content (``Row.content``), normalised as ``exact_key``:
+    the manifest lists the sample's, an evaluation leaves out the rows that match one."""
+    return exact_key(content).hex()
+
+
 def occurrences(texts: Sequence[str]) -> tuple[list[int], list[int]]:
     """Indices of the first row of each exact-duplicate group, and how many rows each stands for
     (the traffic a distinct text carries: a request sent 40 times weighs 40 in its cell's share)."""

@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 
 from quantkit.calibration.config import SamplerConfig
+from quantkit.calibration.dedup import content_key
 from quantkit.calibration.io import Malformed
 from quantkit.calibration.sampler import Pool, Selection, bucket_index
 
 MANIFEST_FORMAT = "quantkit-calibration"
-MANIFEST_VERSION = 2  # 2: traffic (repeats counted) beside distinct rows
+MANIFEST_VERSION = 2  # 2: traffic (repeats counted) beside distinct rows; sample content hashes
 SHARE_DIGITS = 6
+CONTENT_HASH = "blake2b-128 of the row's content (NFKC, case folded, whitespace collapsed)"
 
 
 def histogram_edges(max_len: int) -> list[int]:
@@ -102,6 +104,9 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
             "sample": _sorted_counts([pool.languages[i] for i in picked]),
         },
         "warnings": warnings,
+        # hashes, never text: what an evaluation must leave out of its business rows
+        "sample_content": {"hash": CONTENT_HASH,
+                           "selected": sorted({content_key(pool.rows[i].content) for i in picked})},
     }
 
 

@@ -5,7 +5,9 @@ Shapes, tried in this order (key names come from ``FieldMap``):
 - prompt/completion: ``prompt`` + ``completion`` concatenated as-is (a completion log);
 - raw text: ``text``.
 The "instruction" kept beside the text is what a user asked (system and user turns, or the
-prompt); task rules read it rather than the whole rendered conversation.
+prompt); task rules read it rather than the whole rendered conversation. The "content" is the
+row's words without any template (roles and turns kept apart): its hash identifies the row
+whatever model renders it, so an evaluation can leave out the rows a calibration set holds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ class Row:
     instruction: str
     shape: str             # "chat" | "prompt" | "text"
     task: str | None       # the log's task field as the user wrote it; None when absent
+    content: str = ""      # the row's own words, template-free: its content hash (dedup.content_key)
 
 
 class RowError(Exception):
@@ -75,24 +78,25 @@ def _compiled_renderer(tokenizer: Any) -> ChatRenderer | None:
 def render_record(line: int, record: dict[str, Any], fields: FieldMap, render_chat: ChatRenderer) -> Row:
     task = _task_value(record.get(fields.task)) if fields.task else None
     if fields.messages in record and record[fields.messages] is not None:
-        messages = _clean_messages(record[fields.messages])
+        messages = clean_messages(record[fields.messages])
         instruction = "\n".join(m["content"] for m in messages if m["role"] in ("system", "user"))
         try:
             text = render_chat(messages)
         except Exception:  # a template may reject a role order (e.g. two user turns in a row)
             raise RowError("template_rejected") from None
-        return Row(line, text, instruction or text, "chat", task)
+        content = "\x1e".join(f"{m['role']}\x1f{m['content']}" for m in messages)
+        return Row(line, text, instruction or text, "chat", task, content)
     if fields.prompt in record and record[fields.prompt] is not None:
         prompt = _as_text(record[fields.prompt])
         completion = _as_text(record.get(fields.completion) or "")
         if not (prompt + completion).strip():
             raise RowError("empty_text")
-        return Row(line, prompt + completion, prompt, "prompt", task)
+        return Row(line, prompt + completion, prompt, "prompt", task, prompt + "\x1e" + completion)
     if fields.text in record and record[fields.text] is not None:
         text = _as_text(record[fields.text])
         if not text.strip():
             raise RowError("empty_text")
-        return Row(line, text, text, "text", task)
+        return Row(line, text, text, "text", task, text)
     raise RowError("missing_field")
 
 
@@ -111,7 +115,7 @@ def _task_value(value: Any) -> str | None:
     return value.strip() or None
 
 
-def _clean_messages(value: Any) -> list[dict[str, str]]:
+def clean_messages(value: Any) -> list[dict[str, str]]:
     if not isinstance(value, list) or not value:
         raise RowError("bad_messages")
     out = []

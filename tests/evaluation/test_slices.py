@@ -3,7 +3,8 @@ import json
 import pytest
 
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.slices import DEFAULT_SUITE, business_slices, eval_dir, load_suite, read_slice
+from quantkit.evaluation.business import business_slices
+from quantkit.evaluation.slices import DEFAULT_SUITE, eval_dir, load_suite, read_slice
 
 
 def test_default_suite_is_shipped_with_provenance():
@@ -47,7 +48,7 @@ def test_business_slices_group_by_task_and_are_private(tmp_path):
     assert [(s.name, len(s.items), s.public) for s in slices] == [("business:sql", 1, False),
                                                                    ("business:support", 3, False)]
     log.write_text('{"other": 1}\n')
-    with pytest.raises(QuantkitError, match=r"log.jsonl:1: row has no 'text'"):
+    with pytest.raises(QuantkitError, match=r"log.jsonl: no usable business rows \(missing_field 1"):
         business_slices(log)
 
 
