@@ -204,7 +204,11 @@ def run_worker(python: str, kind: str, spec: dict, timeout: int, env: dict | Non
             tail = log_path.read_text(errors="replace")[-4000:]
             out["error"] = ("timed out" if rc is None else f"exit {rc}") + ": " + tail
         if "error" in out:
-            out["log_tail"] = log_path.read_text(errors="replace")[-6000:]
+            text = log_path.read_text(errors="replace")
+            out["log_tail"] = text[-6000:]
+            # the engine's last words are "see root cause above", often more than log_tail above it
+            causes = [ln.strip()[-400:] for ln in text.splitlines() if any(p in ln for p in CAUSES)]
+            out["error_lines"] = list(dict.fromkeys(causes))[:40]
         if spec.get("kv_cache_dtype"):   # what the engine said about the KV cache and its scales
             out["kv_log"] = [ln.strip()[-300:] for ln in log_path.read_text(errors="replace").splitlines()
                              if any(w in ln.lower() for w in ("kv cache", "kv_cache", "k_scale", "kv scale"))][:20]
@@ -334,10 +338,13 @@ def agreement(a: list[int] | None, b: list[int] | None) -> str:
     return f"{n}/{min(len(a), len(b))}"
 
 
+CAUSES = ("Worker failed with error", "cannot implement due to", "not implemented for", "Error: ")
+
+
 def root_cause(r: dict) -> str:
     """The most telling error line of a failed worker (vLLM hides the root cause in its log)."""
-    text = (r.get("log_tail") or "") + "\n" + (r.get("error") or "")
-    for pattern in ("Worker failed with error", "cannot implement due to", "not implemented for", "Error: "):
+    text = "\n".join(r.get("error_lines") or []) + "\n" + (r.get("log_tail") or "") + "\n" + (r.get("error") or "")
+    for pattern in CAUSES:
         lines = [ln for ln in text.splitlines() if pattern in ln]
         if lines:
             line = lines[-1]
