@@ -12,6 +12,8 @@ from tqdm.auto import tqdm
 
 from ..errors import QuantkitError
 
+from .bootstrap import row_intervals
+from .business import business_meta, read_business
 from .code_exec import using_runner
 from .context import Reach, plan_reach
 from .forced import View, encode_text, run_forced
@@ -19,10 +21,9 @@ from .generation import generation_agreement
 from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
 from .sandbox import Runner, SandboxUnavailable, code_runner
-from .business import business_meta, read_business
 from .slices import Slice, SuiteOptions, load_suite
 from .tasks import code_pass, extraction, mc_summary, multiple_choice
-from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide
+from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 
@@ -134,6 +135,8 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
         forced = run_forced(base, cand, encoded, window, pad, opt.batch_tokens, bucket_positions=sl.long_context,
                             views=variants if sl.long_context else None)
         values.update(forced.summary())
+        if not sl.public:   # business slices: how far their measures could move with other rows
+            values.update(row_intervals(forced.items))
         out.buckets = forced.buckets
         out.variants = forced.views
         if sl.long_context:
@@ -282,6 +285,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     if not any(v for s, v in measures.items() if s not in verdict.not_gated):
         warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
         verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))
+    verdict = replace(verdict, noise=within_noise(measures, th))
     examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
     for name, vs in by_variant.items():   # each variant's would-be level on the slice: information
         for variant in vs.values():

@@ -11,6 +11,7 @@ from ..device import check_device
 from ..errors import QuantkitError
 from ..formats.writer import check_parent
 from ..validation import check_flag
+from .verdict import noise_text
 
 
 def _fail(msg: str) -> None:
@@ -200,6 +201,8 @@ def eval_command(
         typer.echo(f"  {line}")
     for r in result.verdict.informational[:10]:
         typer.echo(f"  (information, {result.verdict.not_gated[r.slice]}) {r.level}: {r.text()}")
+    for n in result.verdict.noise[:10]:
+        typer.echo(f"  (information) {noise_text(n)}")
 
 
 def plan_command(

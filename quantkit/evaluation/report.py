@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from ..formats.writer import ordinary_permissions
+from .verdict import noise_text
 
 SCHEMA_VERSION = 1
 TABLE_MEASURES = ("tokens", "ppl_base", "ppl_cand", "ppl_increase", "kl_mean", "top1_agreement",
@@ -272,11 +273,13 @@ def _lm_rows(data: dict):
 
 
 BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens")
+BUSINESS_KL = "kl_mean [95% interval over rows]"
 
 
-def business_lines(meta: dict) -> tuple[str, list[list]]:
-    """The business rows' sentence and table (task, then BUSINESS_COLUMNS) from ``meta.business``."""
-    b = meta.get("business")
+def business_lines(data: dict) -> tuple[str, list[list]]:
+    """The business rows' sentence and table (task, BUSINESS_COLUMNS, then the slice's kl_mean with
+    its bootstrap interval over rows) from ``meta.business``."""
+    b = data["meta"].get("business")
     if not b:
         return "", []
     check = b.get("checked_against")
@@ -285,7 +288,15 @@ def business_lines(meta: dict) -> tuple[str, list[list]]:
             if check else "not checked against a calibration sample (--calib-sample)")
     head = (f"Business rows from {b['log']}: {said}; repeats of a row already taken are left out; "
             f"chat rows score their assistant turns only (without_reply: rows with none, their turns scored).")
-    return head, [[t, *(c.get(k) for k in BUSINESS_COLUMNS)] for t, c in b["tasks"].items()]
+    return head, [[t, *(c.get(k) for k in BUSINESS_COLUMNS), _with_interval(data["slices"].get(f"business:{t}"))]
+                  for t, c in b["tasks"].items()]
+
+
+def _with_interval(values: dict | None, measure: str = "kl_mean") -> str:
+    if not values or values.get(measure) is None:
+        return "–"
+    ci = values.get(f"{measure}_ci")
+    return fmt(values[measure]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
 def markdown(data: dict) -> str:
@@ -300,6 +311,10 @@ def markdown(data: dict) -> str:
         lines += ["## Warnings", ""] + [f"- **warning**: {w}" for w in data["warnings"]] + [""]
     if v["reasons"]:
         lines += ["## Reasons", ""] + [f"- **{r['level']}** {r['text']}" for r in v["reasons"]] + [""]
+    if v.get("within_noise"):
+        lines += ["## Within noise of a limit (information only)", "",
+                  "With other rows of the same traffic these levels could differ (bootstrap over rows):", ""]
+        lines += [f"- {noise_text(n)}" for n in v["within_noise"]] + [""]
     if v.get("informational"):
         lines += ["## Not gated (information only)", ""]
         lines += [f"- {r['level']} {r['text']}: {r['note']}" for r in v["informational"]] + [""]
@@ -310,10 +325,10 @@ def markdown(data: dict) -> str:
         lines.append(f"| {name} | {(data.get('languages') or {}).get(name) or '–'} | {v['slices'][name]} | "
                      f"{_gates(data, name)} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
     lines.append("")
-    head, rows = business_lines(m)
+    head, rows = business_lines(data)
     if rows:
-        lines += ["## Business rows", "", head, "", "| task | " + " | ".join(BUSINESS_COLUMNS) + " |",
-                  "|---|" + "---|" * len(BUSINESS_COLUMNS)]
+        lines += ["## Business rows", "", head, "", "| task | " + " | ".join(BUSINESS_COLUMNS) + " | " +
+                  BUSINESS_KL + " |", "|---|" + "---|" * (len(BUSINESS_COLUMNS) + 1)]
         lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows] + [""]
     if data.get("lm_eval"):
         lines += ["## lm-eval tasks", "", "| task | metric | baseline | candidate | drop | verdict |",
@@ -413,6 +428,9 @@ def render_html(data: dict, images: dict[str, str]) -> str:
     if data.get("warnings"):
         parts.append("<h2>Warnings</h2><ul id='warnings'>"
                      + "".join(f"<li class='REVIEW'>{e(w)}</li>" for w in data["warnings"]) + "</ul>")
+    if v.get("within_noise"):
+        parts.append("<h2>Within noise of a limit (information only)</h2><ul id='within_noise'>"
+                     + "".join(f"<li>{e(noise_text(n))}</li>" for n in v["within_noise"]) + "</ul>")
     for key, title in (("reasons", "Reasons"), ("informational", "Not gated (information only)")):
         if not v.get(key):
             continue
@@ -432,10 +450,10 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                      f"<td class='{e(lv)}'>{e(lv)}</td><td>{e(_gates(data, name))}</td>"
                      + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c in cols) + "</tr>")
     parts.append("</table>")
-    head, rows = business_lines(data["meta"])
+    head, rows = business_lines(data)
     if rows:
         parts.append(f"<h2>Business rows</h2><p>{e(head)}</p><table id='business'><tr><th>task</th>"
-                     + "".join(f"<th>{e(c)}</th>" for c in BUSINESS_COLUMNS) + "</tr>")
+                     + "".join(f"<th>{e(c)}</th>" for c in (*BUSINESS_COLUMNS, BUSINESS_KL)) + "</tr>")
         parts += ["<tr>" + "".join(f"<td>{e(str(x))}</td>" for x in r) + "</tr>" for r in rows]
         parts.append("</table>")
     if data.get("lm_eval"):

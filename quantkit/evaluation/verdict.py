@@ -197,18 +197,54 @@ class Verdict:
     slices: dict[str, str]         # slice -> its own level (the would-be level when not gated)
     informational: list[Reason] = field(default_factory=list)  # breaches on slices that do not gate
     not_gated: dict[str, str] = field(default_factory=dict)    # slice -> why it does not gate
+    # measures whose bootstrap interval over rows holds a limit (within_noise): information
+    noise: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {"decision": self.decision, "slices": self.slices,
                 "reasons": [_reason_dict(r) for r in self.reasons],
                 "informational": [{**_reason_dict(r), "note": self.not_gated[r.slice]}
                                   for r in self.informational],
-                "not_gated": self.not_gated}
+                "not_gated": self.not_gated, "within_noise": self.noise}
 
 
 def _reason_dict(r: Reason) -> dict:
     return {"slice": r.slice, "measure": r.measure, "value": r.value, "limit": r.limit,
             "level": r.level, "text": r.text()}
+
+
+def within_noise(measures: dict[str, dict], thresholds: Thresholds | None = None) -> list[dict]:
+    """The measures whose interval (``<measure>_ci``, bootstrap.py) holds one of their limits: with
+    other rows of the same traffic the slice's level could differ. Information for the reader; the
+    decision stays the measured value's.
+
+    >>> within_noise({"business:faq": {"kl_mean": 0.055, "kl_mean_ci": [0.04, 0.07]}})
+    [{'slice': 'business:faq', 'measure': 'kl_mean', 'value': 0.055, 'interval': [0.04, 0.07], 'limit': 0.06, 'limit_level': 'REVIEW'}]
+    """
+    thresholds = thresholds or Thresholds()
+    out = []
+    for sname, values in measures.items():
+        for m, lim in thresholds.for_slice(sname).items():
+            ci, v = values.get(f"{m}_ci"), values.get(m)
+            if not ci or v is None:
+                continue
+            for level, limit in ((REVIEW, lim.review), (NOGO, lim.nogo)):
+                if limit is not None and ci[0] <= limit <= ci[1]:
+                    out.append({"slice": sname, "measure": m, "value": v, "interval": list(ci), "limit": limit,
+                                "limit_level": level})
+    return out
+
+
+def noise_text(n: dict) -> str:
+    """One line for a ``within_noise`` entry.
+
+    >>> noise_text({'slice': 'business:faq', 'measure': 'kl_mean', 'value': 0.055, 'interval': [0.04, 0.07],
+    ...             'limit': 0.06, 'limit_level': 'REVIEW'})
+    'business:faq: kl_mean 0.055 (95% interval over rows 0.04-0.07) holds its REVIEW limit 0.06: within noise'
+    """
+    lo, hi = n["interval"]
+    return (f"{n['slice']}: {n['measure']} {n['value']:.4g} (95% interval over rows {lo:.4g}-{hi:.4g}) "
+            f"holds its {n['limit_level']} limit {n['limit']:.4g}: within noise")
 
 
 def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,

@@ -93,6 +93,15 @@ def test_excluded_rows_reach_the_report(log_and_sample, chat_tok, tmp_path):
     md = r.save(tmp_path / "eval") / "report.md"
     assert "## Business rows" in md.read_text() and "| support | 41 | 11 | 0 | 6 | 0 |" in md.read_text()
     assert not any("not checked against the calibration sample" in w for w in r.warnings)
+    kl, (lo, hi) = r.slices["business:support"]["kl_mean"], r.slices["business:support"]["kl_mean_ci"]
+    assert lo <= kl <= hi and lo < hi
+    # a limit inside the interval: the verdict says the slice is within noise of it, and why
+    at = evaluate(base, fake_quant_linears(base, 4), chat_tok, suite=suite, max_len=256, options=opts,
+                  calibration_log=log, calibration_sample=calib, progress=False,
+                  thresholds={"kl_mean": {"review": (lo + hi) / 2, "nogo": None}})
+    assert [(n["slice"], n["measure"]) for n in at.verdict.noise] == [("business:support", "kl_mean")]
+    md = at.save(tmp_path / "eval2") / "report.md"
+    assert "## Within noise of a limit" in md.read_text() and "holds its REVIEW limit" in md.read_text()
 
 
 def test_a_manifest_without_hashes_is_one_line(tmp_path):
