@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..errors import QuantkitError
 from ..formats.writer import ordinary_permissions
 from .verdict import noise_text
 
@@ -47,6 +48,12 @@ def fmt(v) -> str:
 
 
 def to_json(result) -> dict:
+    warnings = list(result.warnings)
+    try:
+        mixed = _mixed(result)
+    except QuantkitError as e:   # a plan.json without its sensitivity.json: the rest still reports
+        mixed = None
+        warnings.append(f"mixed-precision plan not shown: {e}")
     return _round({
         "schema_version": SCHEMA_VERSION,
         "decision": result.verdict.decision,
@@ -62,9 +69,34 @@ def to_json(result) -> dict:
         "footprint": result.footprint,
         "module_errors": result.module_errors,
         "integrity": _integrity(result),
+        "mixed": mixed,
         "thresholds": result.thresholds.to_dict(),
-        "warnings": list(result.warnings),
+        "warnings": warnings,
     })
+
+
+def _mixed(result) -> dict | None:
+    """A mixed-precision candidate's plan (``sensitivity/report.py``): each unit's format and
+    score, the size-vs-KL frontier, and the measured point, the mean KL of the gated slices."""
+    folder = result.meta.get("candidate")
+    if not folder:
+        return None
+    from ..sensitivity.report import section
+
+    gated = [v["kl_mean"] for n, v in result.slices.items()
+             if v.get("kl_mean") is not None and n not in result.verdict.not_gated]
+    return section(folder, measured_kl=sum(gated) / len(gated) if gated else None)
+
+
+def mixed_text(mixed: dict) -> str:
+    """One sentence: the plan's size, its predicted and measured KL, the units per format."""
+    p = mixed["plan"]
+    budget = ", ".join(f"{k} {fmt(v)}" for k, v in (p.get("budget") or {}).items()) or "none"
+    shares = ", ".join(f"{c} {r['units']} units" for c, r in mixed["by_candidate"].items())
+    measured = ("" if mixed.get("measured_kl") is None else
+                f"; measured mean KL over the gated slices {fmt(mixed['measured_kl'])}")
+    return (f"{fmt(p['bits_per_weight'])} bits per planned weight (budget: {budget}), predicted KL "
+            f"{fmt(p['predicted_kl'])} nats per token ({mixed['method']} score){measured}; {shares}.")
 
 
 def _integrity(result) -> dict | None:
@@ -180,6 +212,12 @@ def plots(data: dict) -> dict[str, str]:
         out["modules"] = _png(fig)
     if data.get("integrity") and data["integrity"]["modules"]:
         out.update(_integrity_heat_map(data["integrity"], plt))
+    if data.get("mixed"):
+        from ..sensitivity.report import frontier_png
+
+        png = frontier_png(data["mixed"])
+        if png:
+            out["mixed"] = png
     return out
 
 
@@ -365,6 +403,10 @@ def markdown(data: dict) -> str:
             lines.append("")
     if data.get("integrity"):
         lines += _integrity_markdown(data["integrity"])
+    if data.get("mixed"):
+        lines += ["## Mixed-precision plan", "", mixed_text(data["mixed"]), "",
+                  "| unit | format | predicted KL |", "|---|---|---|"]
+        lines += [f"| {r['unit']} | {r['format']} | {fmt(r['score'])} |" for r in data["mixed"]["units"]] + [""]
     lines += ["## Thresholds", "", "| measure | REVIEW past | NO-GO past | better |", "|---|---|---|---|"]
     for k, t in data["thresholds"].items():
         if k != "slices":
@@ -500,6 +542,14 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                      f"src='data:image/png;base64,{images['modules']}'>")
     if data.get("integrity"):
         parts += _integrity_html(data["integrity"], images)
+    if data.get("mixed"):
+        parts.append(f"<h2>Mixed-precision plan</h2><p id='mixed'>{e(mixed_text(data['mixed']))}</p>")
+        if "mixed" in images:
+            parts.append(f"<img alt='size against KL' src='data:image/png;base64,{images['mixed']}'>")
+        parts.append("<table id='mixed_units'><tr><th>unit</th><th>format</th><th>predicted KL</th></tr>")
+        parts += [f"<tr><td>{e(r['unit'])}</td><td>{e(r['format'])}</td>{_cell(r['score'], f'mixed.units.{i}.score')}</tr>"
+                  for i, r in enumerate(data["mixed"]["units"])]
+        parts.append("</table>")
     if data.get("footprint"):
         parts.append("<h2>Deployment footprint</h2><table id='footprint'>")
         parts += [f"<tr><th>{e(k)}</th>{_cell(val, f'footprint.{k}')}</tr>" for k, val in data["footprint"].items()]

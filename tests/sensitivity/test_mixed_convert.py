@@ -137,3 +137,43 @@ def test_report_section_lists_every_unit_with_its_format(converted, tmp_path):
     text = "\n".join(markdown(data))
     assert text.startswith("## Mixed-precision plan") and all(u in text for u in p.choice)
     assert section(tmp_path) is None
+
+
+def test_evaluation_report_of_a_mixed_checkpoint_shows_its_plan(converted, tmp_path):
+    import sys
+    from pathlib import Path
+
+    from quantkit.evaluation.api import EvalResult
+    from quantkit.evaluation.verdict import Thresholds, decide
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation"))
+    from report_html import parse
+
+    measures = {"numbers-en": {"kl_mean": 0.25, "top1_agreement": 0.8}, "code-en": {"kl_mean": 0.15, "top1_agreement": 0.9},
+                "numbers-zh": {"kl_mean": 0.9, "top1_agreement": 0.5}}
+    not_gated = {"numbers-zh": "not gated (--languages: en)"}
+
+    def result(candidate):
+        return EvalResult(meta={"baseline": "tiny", "candidate": str(candidate), "max_len": 64, "seconds_total": 1.0},
+                          slices=measures, buckets={}, examples={}, verdict=decide(measures, None, not_gated),
+                          thresholds=Thresholds())
+
+    out = result(converted).save(tmp_path / "eval")
+    data = json.loads((out / "report.json").read_text())
+    p = Plan.load(converted / "plan.json")
+    shown = data["mixed"]
+    assert {r["unit"]: r["format"] for r in shown["units"]} == p.choice
+    assert shown["measured_kl"] == pytest.approx(0.2)   # the gated slices only
+    assert shown["plan"]["bits_per_weight"] == pytest.approx(p.bits_per_weight, rel=1e-5)
+    md = (out / "report.md").read_text()
+    assert "## Mixed-precision plan" in md and all(f"| {u} | {c} |" in md for u, c in p.choice.items())
+    cells = parse((out / "report.html").read_text()).cells
+    for i, r in enumerate(shown["units"]):
+        assert float(cells[f"mixed.units.{i}.score"]) == r["score"]
+    # no plan: no section; a plan without its sensitivity file: a warning, the report still written
+    assert json.loads((result(tmp_path).save(tmp_path / "plain") / "report.json").read_text())["mixed"] is None
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "plan.json").write_text((converted / "plan.json").read_text())
+    data = json.loads((result(broken).save(tmp_path / "b") / "report.json").read_text())
+    assert data["mixed"] is None and any("sensitivity.json" in w for w in data["warnings"])
