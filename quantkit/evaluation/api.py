@@ -144,7 +144,8 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
             out.warnings += reach.record(sl.name, full, forced.deepest)
         examples += _worst_text_examples(sl, encoded, forced, tokenizer, show)
         if not sl.long_context and opt.gen_prompts:
-            prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens, limit)
+            prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
+                                          min(limit, opt.business_prompt_tokens))
             gen = generation_agreement(base, cand, prompts[:opt.gen_prompts], opt.gen_tokens, pad, eos, opt.gen_batch)
             if gen["gen_agreement"] is not None:
                 values["gen_agreement"] = gen["gen_agreement"]

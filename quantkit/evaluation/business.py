@@ -59,7 +59,7 @@ def sample_hashes(sample: str | Path) -> tuple[set[str], dict]:
     return set(held), {"manifest": str(manifest), "source_sha256": (data.get("source") or {}).get("sha256")}
 
 
-def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 64,
+def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,
                   calibration_sample: str | Path | None = None) -> BusinessRows:
     """One private slice per task of ``log``: its first ``rows_per_task`` rows that are not in
     ``calibration_sample`` and not repeats, rendered with ``tokenizer``'s chat template."""
@@ -110,7 +110,7 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 6
     return BusinessRows(slices, summary)
 
 
-def business_slices(log: str | Path, tokenizer: Any = None, rows_per_task: int = 64,
+def business_slices(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,
                     calibration_sample: str | Path | None = None) -> list[Slice]:
     """``read_business(...).slices``."""
     return read_business(log, tokenizer, rows_per_task, calibration_sample).slices

@@ -71,10 +71,13 @@ class SuiteOptions:
     gen_batch: int = 8
     # business slices (business.py): at most this many rows per task, each cut to this many tokens
     # (and the deployment length), taken in log order until the task holds business_scored_tokens
-    # scored tokens (None: all the rows); only a chat row's assistant turns are scored
-    business_rows: int = 64
+    # scored tokens (None: all the rows); only a chat row's assistant turns are scored. Generation
+    # starts from the last business_prompt_tokens of a row's own prompt (8 prompts padded to the
+    # longest: at 1024 tokens they cost as much as the scored pass)
+    business_rows: int = 32
     business_tokens: int = 1024
     business_scored_tokens: int | None = 4096
+    business_prompt_tokens: int = 256
 
 
 def _check_item(item: dict, where: str) -> None:
