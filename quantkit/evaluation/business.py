@@ -31,6 +31,7 @@ from ..calibration.io import read_log
 from ..calibration.render import RowError, clean_messages, render_record
 from ..calibration.tasks import infer_task, user_labels
 from ..errors import QuantkitError
+from ..validation import json_object
 from .slices import Slice
 
 FIELDS = FieldMap()
@@ -68,6 +69,7 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
         raise QuantkitError(f"{path}: calibration log not found")
     held, check = sample_hashes(calibration_sample) if calibration_sample is not None else (None, {})
     raw = read_log(path)
+    _refuse_malformed(path, raw)
     rows = []
     for line, record in raw.records:
         record = _aliases(record)
@@ -108,6 +110,25 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
                "checked_against": check or None,
                "tasks": {t: {k: counts[t][k] for k in COUNTS} for t in sorted(counts)}}
     return BusinessRows(slices, summary)
+
+
+def _refuse_malformed(path: Path, raw) -> None:
+    """One line naming the first unreadable row. The sampler counts and skips such rows (a big log
+    has a few); the evaluation refuses them, as ``--calib`` always has: its rows are the evidence a
+    verdict rests on, and a row dropped without the user's knowing changes a slice."""
+    if not raw.malformed.total:
+        return
+    reason, line = min(((r, ls[0]) for r, ls in raw.malformed.first_lines.items()), key=lambda x: x[1])
+    lines = path.read_bytes().splitlines() if path.is_file() else []
+    if reason in ("bad_json", "not_an_object") and line <= len(lines):
+        try:
+            text = lines[line - 1].decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is not None:
+            json_object(text, f"{path}:{line}")      # raises, saying what the line holds
+    raise QuantkitError(f"{path}:{line}: unreadable row ({reason.replace('_', ' ')}); "
+                        f"{raw.malformed.total} such row(s) in all")
 
 
 def business_slices(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,
