@@ -51,9 +51,11 @@ def convert(
                                 "complete layer (same bytes as an uninterrupted run); starts afresh, saying why, "
                                 "when the model, recipe, calibration or quantkit differ."),
     device: str = typer.Option("cpu", "--device", help="Device for the per-layer work (cpu, cuda)."),
-    budget: Optional[float] = typer.Option(None, "--budget", help="Mixed precision: plan one format per module "
-                                           "from measured sensitivity within this many bits per weight (scales and "
-                                           "zero points counted); the recipe's mixed: section, or its defaults."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Mixed precision: plan one format per module "
+                                         "from measured sensitivity within this many bits per weight (scales and "
+                                         "zero points counted); the recipe's mixed: section, or its defaults. "
+                                         "'go': the smallest plan whose verdict is GO (converts and evaluates "
+                                         "several plans, bisecting the budget)."),
     sensitivity: Optional[str] = typer.Option(None, "--sensitivity", help="Plan from this sensitivity.json (a "
                                               "previous mixed conversion's) instead of searching again."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation report after converting."),
@@ -77,8 +79,11 @@ def convert(
         from .recipe import load_recipe
 
         # every recipe key, the eval: section included, is checked before any work
+        go = budget is not None and budget.strip().lower() == "go"
         r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
-            group_size, None, num_samples, max_seq_len, calib, budget_bits=budget, sensitivity=sensitivity)
+            group_size, None, num_samples, max_seq_len, calib, budget_bits=None if go else _budget(budget),
+            sensitivity=sensitivity, smallest_go=go)
+        go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         prepare_output(out, overwrite)
@@ -90,9 +95,12 @@ def convert(
             typer.echo(banner, err=True)
             return _progress(iterable, total)
 
-        q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
-                     device=device, progress=progress,
-                     log=lambda line: typer.echo(line, err=True), trust_remote_code=trust_remote_code)
+        say = lambda line: typer.echo(line, err=True)   # noqa: E731
+        if go:
+            q = _smallest_go(model, r, calib, out, no_eval, resume, ignore, device, progress, say, trust_remote_code)
+        else:
+            q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
+                         device=device, progress=progress, log=say, trust_remote_code=trust_remote_code)
         path = q.save(out, overwrite=overwrite)
         s = q.summary()
         typer.echo(
@@ -100,7 +108,9 @@ def convert(
             f"{_human(s['bytes_before'])} -> {_human(s['bytes_after'])} ({s['ratio']:.2f}x smaller); "
             f"{s['seconds']:.1f} s; peak memory {_human(s['peak_rss_bytes'])}; written to {path}"
         )
-        if not no_eval:
+        if go:
+            _say_smallest_go(path)
+        elif not no_eval:
             _maybe_eval(model, path, r)
     except QuantkitError as e:
         _fail(str(e))
@@ -109,6 +119,60 @@ def convert(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _budget(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise QuantkitError(f"--budget: expected bits per weight (e.g. 4.5) or 'go', got {text!r}") from None
+
+
+def _smallest_go(model, r, calib, out: Path, no_eval: bool, resume: bool, ignore, device: str, progress, say,
+                 trust_remote_code: bool):
+    """``--budget go``: plans converted and evaluated until the smallest GO is found (smallest_go.py)."""
+    from functools import partial
+
+    from .api import quantize
+    from .evaluation import evaluate_checkpoint
+    from .sensitivity.smallest_go import RESULT_FILE, smallest_go
+
+    if no_eval:
+        raise QuantkitError("--budget go: needs the evaluation (it decides which plan is GO); drop --no-eval")
+    if resume:
+        raise QuantkitError("--budget go: --resume continues one conversion, not a search; drop --resume")
+
+    def verdict(folder: Path) -> str:
+        report = evaluate_checkpoint(model, folder, r)
+        return json.loads((report / "report.json").read_text(encoding="utf-8"))["decision"]
+
+    convert = partial(quantize, ignore=ignore or (), device=device, progress=progress,
+                      trust_remote_code=trust_remote_code)
+    q, search = smallest_go(model, r, calib, evaluate=verdict, workdir=out.parent, log=say, convert=convert)
+    if search.found is None:
+        say(f"smallest GO: no plan up to {search.high_bits:.3f} bits per weight is GO; writing the "
+            f"{search.high_bits:.3f}-bit plan ({search.trials[0].decision}) and its report ({RESULT_FILE})")
+    return q
+
+
+def _say_smallest_go(path: Path) -> None:
+    from .sensitivity.smallest_go import RESULT_FILE
+
+    data = json.loads((path / RESULT_FILE).read_text(encoding="utf-8"))
+    for t in data["trials"]:
+        typer.echo(f"  budget {t['budget_bits']:.3f}: plan {t['bits_per_weight']:.3f} bits per weight, "
+                   f"{t['nbytes']} bytes, predicted KL {t['predicted_kl']:.4g}: {t['decision']}"
+                   + (f" (same plan as {t['same_plan_as']:.3f})" if t["same_plan_as"] is not None else ""))
+    f = data["found"]
+    if f is None:
+        typer.echo(f"smallest GO: none up to {data['high_bits']:.3f} bits per weight; report in {path / 'eval'}")
+        return
+    below = "the cheapest plan" if f["budget_bits"] == data["low_bits"] else \
+        f"GO; {data['tolerance_bits']} bits less is not"
+    typer.echo(f"smallest GO: {f['bits_per_weight']:.3f} bits per weight ({f['nbytes']} bytes of planned weights; "
+               f"{below}); report in {path / 'eval'}")
 
 
 def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:

@@ -194,13 +194,18 @@ class Recipe:
     def with_overrides(self, group_size: int | None = None, ignore: list[str] | None = None,
                        num_samples: int | None = None, max_seq_len: int | None = None,
                        dataset: str | None = None, budget_bits: float | None = None,
-                       sensitivity: str | None = None) -> "Recipe":
+                       sensitivity: str | None = None, smallest_go: bool = False) -> "Recipe":
         r = self
-        if budget_bits is not None or sensitivity is not None:
+        if budget_bits is not None or sensitivity is not None or smallest_go:
             mixed = {k: v for k, v in dataclasses.asdict(r.mixed).items() if v is not None} if r.mixed else {}
             if budget_bits is not None:
                 mixed.pop("budget_bytes", None)
+                mixed.pop("smallest_go", None)
                 mixed["budget_bits"] = check_flag(MixedSettings, "budget_bits", budget_bits, "--budget")
+            elif smallest_go:   # --budget go: the recipe's smallest_go settings, else the defaults
+                mixed.pop("budget_bytes", None)
+                mixed.pop("budget_bits", None)
+                mixed.setdefault("smallest_go", {})
             if sensitivity is not None:
                 mixed["sensitivity"] = sensitivity
             r = dataclasses.replace(r, mixed=parse(MixedSettings, mixed, "mixed"))

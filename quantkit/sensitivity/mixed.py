@@ -30,6 +30,9 @@ def check_mixed(recipe: "Recipe", config) -> "Sensitivity | list":
 
     m = recipe.mixed
     where = f"{recipe.origin}: mixed"
+    if m.smallest_go is not None:
+        raise QuantkitError(f"{where}.smallest_go: a search that converts and evaluates a plan per budget: "
+                            "run it with quantkit convert --budget go or quantkit.smallest_go(), not quantize()")
     if not m.has_budget:
         raise QuantkitError(f"{where}: needs budget_bits or budget_bytes (or --budget)")
     if m.sensitivity is not None:

@@ -6,6 +6,10 @@
       sensitivity: out/m/sensitivity.json  # reuse a search (optional; another budget, same model)
       tokens: 2048                         # calibration tokens the search scores with (DEFAULT_TOKENS)
 
+    mixed:
+      smallest_go: {tolerance_bits: 0.25}  # instead of a budget: the smallest plan whose verdict
+                                           # is GO (--budget go; smallest_go.py)
+
 The recipe's own groups say which linears are quantized (and, with one group, the observer
 and activation order the named candidates take); the plan replaces them.
 """
@@ -30,6 +34,24 @@ Positive = Annotated[float, Field(gt=0, strict=True)]   # strict: an int is fine
 
 
 @config
+class SmallestGo:
+    """Bisect the budget between ``low_bits`` (None: the cheapest plan of the candidates) and
+    ``high_bits`` (None: uniform W8_CHANNEL where it is a candidate, else the costliest plan),
+    converting and evaluating each plan, until the GO and the NO-GO budgets are within
+    ``tolerance_bits``."""
+
+    low_bits: Positive | None = None
+    high_bits: Positive | None = None
+    tolerance_bits: Positive = 0.25
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "SmallestGo":
+        if self.low_bits is not None and self.high_bits is not None and self.low_bits >= self.high_bits:
+            raise invalid(f"must be above low_bits ({self.low_bits})", "high_bits")
+        return self
+
+
+@config
 class MixedSettings:
     budget_bits: Positive | None = None
     budget_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
@@ -39,6 +61,7 @@ class MixedSettings:
     tokens: Annotated[StrictInt, Field(ge=64)] = DEFAULT_TOKENS
     labels: Literal["sampled", "data"] = "sampled"
     method: Literal["diag", "token", "sample", "local"] | None = None   # None: the search's default
+    smallest_go: SmallestGo | None = None
 
     @field_validator("candidates", mode="after")
     @classmethod
@@ -55,6 +78,8 @@ class MixedSettings:
     def _one_budget(self) -> "MixedSettings":
         if self.budget_bits is not None and self.budget_bytes is not None:
             raise invalid("give budget_bits or budget_bytes, not both", "budget_bits")
+        if self.smallest_go is not None and (self.budget_bits is not None or self.budget_bytes is not None):
+            raise invalid("give a budget or smallest_go, not both", "smallest_go")
         return self
 
     @property

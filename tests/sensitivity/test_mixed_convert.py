@@ -18,7 +18,7 @@ import quantkit
 from quantkit.sensitivity import Sensitivity
 from quantkit.sensitivity.planner import Plan, plan
 
-from model_factory import make_llama_dir, random_ids, save_byte_tokenizer
+from model_factory import random_ids
 from reference_reader import relative_logit_error
 
 BITS = {"W4_G32": 4, "W8_CHANNEL": 8}
@@ -93,16 +93,6 @@ def test_another_budget_reuses_the_search(converted, tiny_llama, tmp_path):
     p = Plan.load(q.save(tmp_path / "five") / "plan.json")
     assert p == plan(Sensitivity.load(sens), budget_bits=5.5, candidates=["W4_G32", "W8_CHANNEL", "KEEP"])
     assert p.bits_per_weight <= 5.5 < Plan.load(converted / "plan.json").bits_per_weight
-
-
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory):
-    root = tmp_path_factory.mktemp("text")
-    model = save_byte_tokenizer(make_llama_dir(root / "model", vocab=260))
-    calib = root / "calib.jsonl"
-    calib.write_text("".join(json.dumps({"text": f"Line {i}: the meter read {i * 31} kWh in week {i % 52}."}) + "\n"
-                             for i in range(24)))
-    return model, calib
 
 
 def _invoke(args):
