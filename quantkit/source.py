@@ -3,12 +3,18 @@
 Only headers are read up front (so a corrupt or truncated shard fails before any work);
 tensors are read one at a time when the pipeline onloads the layer that owns them.
 Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
+
+Tensors are read into memory they own, not through a file map: safetensors' ``get_tensor``
+returns views of a map that stays alive (with every page read through it counted in the
+resident set) as long as any one of them lives, so a norm weight pending in the writer kept
+every layer read from its shard resident, and a conversion's peak grew with depth.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
@@ -30,10 +36,12 @@ class SafetensorsSource:
             raise QuantkitError(f"{self.folder / 'config.json'}: not found (is this a Hugging Face model folder?)")
         files = self._shard_files()
         self._where: dict[str, Path] = {}
+        self._entries: dict[str, _Entry] = {}
         self._handles: dict[Path, object] = {}
         for f in files:
-            for name in self._keys(f):
+            for name, entry in self._keys(f).items():
                 self._where[name] = f
+                self._entries[name] = entry
 
     def _shard_files(self) -> list[Path]:
         index = self.folder / "model.safetensors.index.json"
@@ -58,7 +66,8 @@ class SafetensorsSource:
         raise QuantkitError(f"{self.folder}: no *.safetensors weights found")
 
     @staticmethod
-    def _keys(f: Path) -> list[str]:
+    def _keys(f: Path) -> dict[str, "_Entry"]:
+        """Each tensor's place in the file (validated by safetensors' own reader)."""
         try:
             size = f.stat().st_size
             with open(f, "rb") as fh:
@@ -70,7 +79,10 @@ class SafetensorsSource:
             if 8 + header_len + end != size:
                 raise ValueError(f"file is {size} bytes, header describes {8 + header_len + end}")
             with safe_open(f, framework="pt") as h:
-                return list(h.keys())
+                names = list(h.keys())
+            start = 8 + header_len
+            return {k: _Entry(header[k]["dtype"], tuple(header[k]["shape"]), start + header[k]["data_offsets"][0],
+                              start + header[k]["data_offsets"][1]) for k in names}
         except QuantkitError:
             raise
         except Exception as e:  # safetensors raises its own error types
@@ -90,16 +102,23 @@ class SafetensorsSource:
         f = self._where.get(name)
         if f is None:
             raise QuantkitError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
+        e = self._entries[name]
+        dtype = _DTYPES.get(e.dtype)
+        if dtype is None:
+            raise QuantkitError(f"{f}: tensor '{name}' has dtype {e.dtype}, which quantkit does not read")
         h = self._handles.get(f)
         if h is None:
-            h = self._handles[f] = safe_open(f, framework="pt")
-        try:
-            return h.get_tensor(name)
-        except Exception as e:
-            raise QuantkitError(f"{f}: cannot read tensor '{name}' ({e})") from None
+            h = self._handles[f] = open(f, "rb")
+        buf = torch.empty(e.end - e.begin, dtype=torch.uint8)
+        h.seek(e.begin)
+        if h.readinto(buf.numpy()) != buf.numel():
+            raise QuantkitError(f"{f}: cannot read tensor '{name}' (file shorter than its header says)")
+        return buf.view(dtype).reshape(e.shape)
 
     def release(self) -> None:
-        """Drop open file handles (and their memory maps) between layers."""
+        """Close the open files between layers."""
+        for h in self._handles.values():
+            h.close()
         self._handles.clear()
 
     def nbytes(self, names: Iterable[str] | None = None) -> int:
@@ -114,7 +133,23 @@ class SafetensorsSource:
         return total
 
     def close(self) -> None:
-        self._handles.clear()
+        self.release()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A tensor's dtype (safetensors' name), shape and byte range in its file."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+           "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64,
+           "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
 
 
 def read_config_json(folder: str | Path) -> dict:

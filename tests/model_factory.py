@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -24,6 +25,45 @@ def make_llama_dir(path: Path, num_layers: int = 2, hidden: int = 64, intermedia
             if p.ndim == 2:
                 p.normal_(0, 0.05)
     model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def make_streamed_llama_dir(path: Path, num_layers: int, hidden: int, intermediate: int | None = None,
+                            vocab: int = 32000, dtype: torch.dtype = torch.float32, shard_bytes: float = 400e6,
+                            seed: int = 0) -> Path:
+    """Save a random Llama (untied head, head_dim 64) shard by shard: never more than one shard
+    in memory, so a model larger than the memory cap it is tested under can be built beside it."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig
+
+    inter = intermediate or 4 * hidden
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                      num_hidden_layers=num_layers, num_attention_heads=hidden // 64,
+                      num_key_value_heads=hidden // 64, tie_word_embeddings=False, dtype=str(dtype).split(".")[1])
+    cfg.architectures = ["LlamaForCausalLM"]
+    path.mkdir(parents=True)
+    cfg.save_pretrained(path)
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
+              "lm_head.weight": (vocab, hidden)}
+    for i in range(num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+                       p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (hidden, hidden),
+                       p + "self_attn.v_proj.weight": (hidden, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                       p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+                       p + "mlp.down_proj.weight": (hidden, inter)})
+    g = torch.Generator().manual_seed(seed)
+    shard, size, index, names = {}, 0, {}, list(shapes)
+    for k in names:
+        t = torch.ones(shapes[k]) if k.endswith("norm.weight") else torch.randn(shapes[k], generator=g) * 0.02
+        shard[k] = t.to(dtype)
+        size += shard[k].numel() * shard[k].element_size()
+        if size > shard_bytes or k == names[-1]:
+            fname = f"part-{len(set(index.values())) + 1:03d}.safetensors"
+            save_file(shard, str(path / fname), metadata={"format": "pt"})
+            index.update({key: fname for key in shard})
+            shard, size = {}, 0
+    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
     return path
 
 

@@ -29,7 +29,10 @@ def layer_output(out):
 
 
 def capture_inputs(model: nn.Module, layers_path: str, chunks: list[CalibrationChunk], device: str):
-    """Hidden states entering layer 0 and each layer's call arguments, per chunk."""
+    """Per chunk, as it runs: the hidden states entering layer 0 and each layer's ``(args, kwargs)``.
+
+    A generator, so that the caller can offload a chunk's captures before the next one runs.
+    """
     layers = get_module(model, layers_path)
     originals = list(layers)
     calls: list[list] = [[] for _ in originals]
@@ -39,14 +42,12 @@ def capture_inputs(model: nn.Module, layers_path: str, chunks: list[CalibrationC
     hidden = []
     hook = layers[0].register_forward_pre_hook(lambda m, a, kw: hidden.append(a[0] if a else kw["hidden_states"]), with_kwargs=True)
     try:
-        with torch.no_grad():
-            for c in chunks:
-                kw = {} if c.position_ids is None else {"position_ids": c.position_ids.to(device)}
+        for c in chunks:
+            kw = {} if c.position_ids is None else {"position_ids": c.position_ids.to(device)}
+            with torch.no_grad():
                 base(input_ids=c.input_ids.to(device), use_cache=False, **kw)
+            yield hidden.pop(), [layer_calls.pop() for layer_calls in calls]
     finally:
         hook.remove()
         for i, layer in enumerate(originals):
             layers[i] = layer
-    per_layer_kwargs = [[kw for _, kw in c] for c in calls]
-    per_layer_args = [[a for a, _ in c] for c in calls]
-    return hidden, per_layer_args, per_layer_kwargs

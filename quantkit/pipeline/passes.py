@@ -1,8 +1,9 @@
 """One decoder layer run over the calibration batches: the contract every step observes through.
 
 ``CalibrationPasses`` owns what a layer needs to run on calibration data (the hidden
-states, each batch's captured call arguments, which positions are real tokens) and gives a
-step three ways to use it, all through forward hooks on the layer's modules:
+states and each batch's captured call arguments, both in ``store.py``; which positions are
+real tokens) and gives a step three ways to use it, all through forward hooks on the
+layer's modules:
 
 - ``run(layer, i)``: every batch, one after another (hooks may ask ``batch_index()``);
 - ``run(layer, i, batches=[...])``: some batches only (a transform's search on a subset);
@@ -28,14 +29,12 @@ from ..kv_cache import KVObserver
 from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
-from .store import ActivationStore
+from .store import ActivationStore, ArgumentStore
 
 
 class CalibrationPasses:
-    def __init__(self, chunks: list[CalibrationChunk], hidden: ActivationStore,
-                 args_per_layer: list[list[tuple]], kwargs_per_layer: list[list[dict]]):
-        self.chunks, self.hidden = chunks, hidden
-        self.args_per_layer, self.kwargs_per_layer = args_per_layer, kwargs_per_layer
+    def __init__(self, chunks: list[CalibrationChunk], hidden: ActivationStore, calls: ArgumentStore):
+        self.chunks, self.hidden, self.calls = chunks, hidden, calls
         self.interleaver = Interleaver()
         self._batch: int | None = None
 
@@ -76,7 +75,8 @@ class CalibrationPasses:
         hooks = self._observe_static(observe or {}, observed, f"layers.{i}") if propagate else []
 
         def call(j: int) -> None:
-            out = layer_output(layer(self.hidden.get(j), *self.args_per_layer[i][j], **self.kwargs_per_layer[i][j]))
+            args, kwargs = self.calls.get(i, j)
+            out = layer_output(layer(self.hidden.get(j), *args, **kwargs))
             if propagate:
                 self.hidden.put_next(j, out)
 

@@ -1,8 +1,10 @@
 """The layer loop: onload -> steps -> write back -> propagate -> write the whole layer -> free.
 
-Memory stays flat in model depth: only the embeddings, one decoder layer and the captured
-hidden states of the calibration set are resident at any time; every other weight is read
-from the safetensors shards when its layer comes up and dropped when the layer is written.
+Memory stays flat in model depth: one decoder layer and the calibration set's hidden states
+and call arguments are resident at any time (with ``calibration.offload``, only the batches
+being run; the embeddings only while the first layer's inputs are captured); every other
+weight is read from the safetensors shards when its layer comes up and dropped when the
+layer is written, and the heap's freed pages are handed back at each layer boundary.
 
 For each decoder layer:
 1. onload its parameters from the shards;
@@ -44,10 +46,11 @@ from . import batches as _batches
 from . import record, residuals
 from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
+from .memory import return_freed_memory
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
 from .resume import ACTIVATIONS, Boundary, LayerLog, RunBook
-from .store import ActivationStore
+from .store import ActivationStore, ArgumentStore
 
 
 @dataclass
@@ -224,6 +227,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                         batch_tokens)
         source.release()
         gc.collect(1)  # tensors go by reference counting; a full collection costs ~0.2 s a layer
+        return_freed_memory()
     # inside the staging folder: on failure it goes with it, or stays for --resume
     if offload_dir is not None:
         shutil.rmtree(offload_dir, ignore_errors=True)
@@ -256,8 +260,9 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
     A resumed run (``at``) recaptures the call arguments (a cheap embedding pass) but takes the
     hidden states entering its first layer from the boundary, and the batch size it used.
     """
-    layer_prefix = spec.layers + "."
-    outer = [n for n, _ in model.named_parameters() if not n.startswith(layer_prefix)]
+    layer_prefix, base = spec.layers + ".", spec.layers.rsplit(".", 1)[0] + "."
+    # the embeddings and whatever else the base model runs before its layers; not the head
+    outer = [n for n, _ in model.named_parameters() if n.startswith(base) and not n.startswith(layer_prefix)]
     model.load_state_dict({n: source.get(n) for n in outer if n in source}, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
@@ -273,9 +278,13 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
         log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
             f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
             f"{', all in one pass' if single_pass else ''}")
-    first, args_per_layer, kwargs_per_layer = capture_inputs(model, spec.layers, chunks, device)
     if offload_dir is not None:
         offload_dir.mkdir(parents=True, exist_ok=True)
+    first, calls = [], ArgumentStore(offload_dir, device)
+    for hidden_in, layer_calls in capture_inputs(model, spec.layers, chunks, device):
+        first.append(hidden_in)
+        calls.append(layer_calls)
+    dematerialize(model)   # the embeddings only fed the capture: the layers never use them
     start = at.layers_done if at is not None else 0
     if start == 0:
         hidden = ActivationStore(first, offload_dir, device)
@@ -286,7 +295,7 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
     if hidden.count != len(first):
         raise RuntimeError(f"resume: {hidden.count} saved calibration batches, {len(first)} now")
     del first
-    return CalibrationPasses(chunks, hidden, args_per_layer, kwargs_per_layer), single_pass, batch_tokens
+    return CalibrationPasses(chunks, hidden, calls), single_pass, batch_tokens
 
 
 def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, config, passes: CalibrationPasses | None,

@@ -1,7 +1,8 @@
-"""The hidden states entering the current layer: in memory, or offloaded to files."""
+"""What a layer runs on (its input hidden states, its captured call arguments): in memory, or in files."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -67,3 +68,77 @@ class ActivationStore:
             self._mem = [self._next[j] for j in range(self.count)]
             self._next = {}
         self.generation += 1
+
+
+class ArgumentStore:
+    """Each calibration batch's captured call arguments for every layer (masks, position embeddings).
+
+    In memory, or (``folder`` given) one safetensors file per batch, so that only the batch
+    being run holds them: a packed block-causal mask is ``rows x len²`` per batch, as large as
+    the hidden states at long rows. The layers of a batch share these tensors (the model makes
+    one mask and one rotary table per forward): a file holds each once, and ``get`` rebuilds
+    a layer's call from it. Anything that is not a tensor (None, flags) stays in memory.
+    """
+
+    def __init__(self, folder: Path | None = None, device: str = "cpu"):
+        self.folder, self.device = folder, device
+        self._calls: list[list[tuple[tuple, dict]]] = []   # [batch][layer]: tensors as _Saved when offloaded
+
+    @property
+    def count(self) -> int:
+        return len(self._calls)
+
+    def append(self, calls: list[tuple[tuple, dict]]) -> None:
+        """The next batch's calls, one ``(args, kwargs)`` per layer."""
+        if self.folder is None:
+            self._calls.append(calls)
+            return
+        from safetensors.torch import save_file
+
+        tensors: dict[str, torch.Tensor] = {}
+        keys: dict[int, str] = {}
+
+        def stash(x):
+            if isinstance(x, torch.Tensor):
+                if id(x) not in keys:
+                    keys[id(x)] = f"{len(keys):06d}"
+                    # a copy of its own: safetensors refuses tensors that share memory
+                    tensors[keys[id(x)]] = x.detach().to("cpu", copy=True).contiguous()
+                return _Saved(keys[id(x)])
+            return _map(x, stash)
+
+        self._calls.append([(stash(a), stash(kw)) for a, kw in calls])
+        save_file(tensors, str(self._file(len(self._calls) - 1)))
+
+    def get(self, i: int, j: int) -> tuple[tuple, dict]:
+        """Layer ``i``'s call arguments for batch ``j``."""
+        args, kwargs = self._calls[j][i]
+        if self.folder is None:
+            return args, kwargs
+        from safetensors.torch import load_file
+
+        saved = load_file(str(self._file(j)), device=str(self.device))
+
+        def fetch(x):
+            return saved[x.key] if isinstance(x, _Saved) else _map(x, fetch)
+
+        return fetch(args), fetch(kwargs)
+
+    def _file(self, j: int) -> Path:
+        return self.folder / f"args-{j:06d}.safetensors"
+
+
+@dataclass(frozen=True)
+class _Saved:
+    """Where an offloaded call argument was: its key in the batch's file."""
+
+    key: str
+
+
+def _map(x, f):
+    """``f`` applied to the items of a plain tuple, list or dict; anything else as it is."""
+    if type(x) in (tuple, list):
+        return type(x)(f(v) for v in x)
+    if type(x) is dict:
+        return {k: f(v) for k, v in x.items()}
+    return x

@@ -1,0 +1,136 @@
+"""A model whose weights take 2.5x a memory cap converts inside it, to the bytes of an uncapped run.
+
+The cap is a cgroup v1 memory controller (``/sys/fs/cgroup/memory``): the kernel kills the
+process tree past ``memory.limit_in_bytes`` (``memory.memsw.limit_in_bytes`` too, so nothing
+swaps). Each conversion runs in a fresh process that joins the cgroup before it execs, so the
+interpreter, torch and transformers count against the cap with the conversion. The model is
+a random fp32 Llama streamed to disk shard by shard; the same conversion also runs uncapped,
+and every tensor of the two checkpoints must be equal bit for bit.
+
+The cgroup must be writable (root, cgroup v1 mounted, as on the project's machines and CI):
+a machine where it is not fails here rather than skipping, since then nothing is proven.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from model_factory import make_streamed_llama_dir
+
+CGROUP_ROOT = Path("/sys/fs/cgroup/memory")
+CAP = 512 * 2**20
+# hidden 512, intermediate 2048, vocab 512: 16.8 MB of fp32 weights a layer, 84 layers 1.41 GB
+LAYERS, HIDDEN, VOCAB = 84, 512, 512
+CALIBRATION = torch.randint(0, VOCAB, (8, 64), generator=torch.Generator().manual_seed(0)).tolist()
+
+CHILD = r"""
+import json, resource, sys
+import quantkit
+src, out, recipe, calib = sys.argv[1:5]
+quantkit.quantize(src, json.loads(recipe), calibration=json.loads(calib)).save(out)
+print(json.dumps({"peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+"""
+
+RTN = {"version": 1, "scheme": "W4A16", "ignore": ["lm_head"], "algorithm": {"name": "rtn"}}
+# recipes/w4a16-g64-gptq.yaml with the hidden states offloaded, and without its mse range search
+# (which multiplies the time and is not what this proves)
+GPTQ = {"version": 1, "ignore": ["lm_head"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64,
+            "actorder": "weight"}}},
+        "algorithm": {"name": "gptq", "block_size": 128, "dampening_frac": 0.01},
+        "calibration": {"offload": True}}
+
+
+@contextmanager
+def memory_cgroup(limit: int):
+    """A child cgroup capped at ``limit`` bytes, memory and swap; removed afterwards."""
+    if not (CGROUP_ROOT / "memory.limit_in_bytes").exists() or not os.access(CGROUP_ROOT, os.W_OK):
+        pytest.fail(f"{CGROUP_ROOT}: no writable cgroup v1 memory controller (run as root on a machine that "
+                    "mounts it): the bounded-memory conversion cannot be proven here")
+    group = CGROUP_ROOT / f"quantkit-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    group.mkdir()
+    try:
+        (group / "memory.limit_in_bytes").write_text(str(limit))
+        if (group / "memory.memsw.limit_in_bytes").exists():   # memory + swap: no way around the cap
+            (group / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        yield group
+    finally:
+        for _ in range(50):   # the exited child's pages are uncharged asynchronously
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def oom_kills(group: Path) -> int:
+    fields = dict(line.split() for line in (group / "memory.oom_control").read_text().splitlines())
+    return int(fields.get("oom_kill", 0))
+
+
+def convert(src: Path, out: Path, recipe: dict, group: Path | None = None) -> dict:
+    """One conversion in a fresh process (inside ``group`` from before it execs): its peak RSS."""
+    join = None if group is None else (lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    res = subprocess.run([sys.executable, "-c", CHILD, str(src), str(out), json.dumps(recipe), json.dumps(CALIBRATION)],
+                         capture_output=True, text=True, preexec_fn=join, timeout=1800)
+    where = "inside the cap" if group is not None else "uncapped"
+    assert res.returncode == 0, f"conversion {where} exited {res.returncode}:\n{res.stderr[-3000:]}"
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def differing_tensors(a: Path, b: Path) -> list[str]:
+    """The tensors whose name, dtype, shape or bytes differ between two checkpoint folders."""
+    def index(folder: Path) -> dict[str, Path]:
+        return {k: f for f in sorted(folder.glob("*.safetensors")) for k in safe_open(f, "pt").keys()}
+
+    ia, ib = index(a), index(b)
+    differ = sorted(set(ia) ^ set(ib))
+    for k in sorted(set(ia) & set(ib)):
+        with safe_open(ia[k], "pt") as fa, safe_open(ib[k], "pt") as fb:
+            x, y = fa.get_tensor(k), fb.get_tensor(k)
+        if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(x.reshape(-1).view(torch.uint8),
+                                                                         y.reshape(-1).view(torch.uint8)):
+            differ.append(k)
+    return differ
+
+
+@pytest.fixture(scope="module")
+def big_model(tmp_path_factory) -> Path:
+    src = make_streamed_llama_dir(tmp_path_factory.mktemp("capped") / "model", LAYERS, HIDDEN, vocab=VOCAB)
+    size = sum(f.stat().st_size for f in src.glob("*.safetensors"))
+    assert size >= 2.5 * CAP, f"the model ({size / 2**20:.0f} MiB) must be at least 2.5x the cap ({CAP / 2**20:.0f} MiB)"
+    return src
+
+
+@pytest.mark.parametrize("recipe", [RTN, GPTQ], ids=["rtn", "gptq-offload"])
+def test_converts_inside_a_memory_cap_to_the_uncapped_bytes(big_model, tmp_path, recipe):
+    import quantkit
+
+    with memory_cgroup(CAP) as group:
+        capped = convert(big_model, tmp_path / "capped", recipe, group)
+        kills = oom_kills(group)
+    assert kills == 0, f"the capped conversion was OOM-killed {kills} times"
+    uncapped = convert(big_model, tmp_path / "uncapped", recipe)
+    size = sum(f.stat().st_size for f in big_model.glob("*.safetensors"))
+    print(f"\nmodel {size / 2**20:.0f} MiB, cap {CAP / 2**20:.0f} MiB: peak RSS {capped['peak_rss'] / 2**20:.0f} MiB "
+          f"capped, {uncapped['peak_rss'] / 2**20:.0f} MiB uncapped")
+    assert differing_tensors(tmp_path / "capped", tmp_path / "uncapped") == []
+    assert json.loads((tmp_path / "capped" / "config.json").read_text()) == \
+        json.loads((tmp_path / "uncapped" / "config.json").read_text())
+
+    model = quantkit.load(tmp_path / "capped")
+    with torch.no_grad():
+        logits = model(torch.tensor([CALIBRATION[0][:16]])).logits
+    assert logits.shape == (1, 16, VOCAB) and torch.isfinite(logits).all()
