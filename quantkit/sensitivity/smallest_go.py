@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from ..errors import QuantkitError
+from ..evaluation.verdict import GO
 
 if TYPE_CHECKING:
     from ..api import QuantizedModel
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from .data import Sensitivity
     from .settings import SmallestGo
 
-GO = "GO"
 RESULT_FILE = "smallest_go.json"
 
 
