@@ -140,7 +140,6 @@ def generic_documents(folder: Path, by_task: dict[str, list[dict]]) -> list[str]
 
 def calibration_ids(condition: str, seed: int, paths: dict[str, Path], tok, n: int, max_len: int):
     """Token ids for one condition, and what they hold (task -> samples)."""
-    from quantkit.calibration import load_calibration
     from quantkit.calibration.config import FieldMap
     from quantkit.calibration.encoding import encode_ids, special_affixes, truncate, with_affixes
     from quantkit.calibration.render import RowError, chat_renderer, render_record
