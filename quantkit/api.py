@@ -24,6 +24,7 @@ from torch import nn
 
 from .device import check_device
 from .errors import QuantkitError
+from .experts import per_expert_state
 from .formats import staging
 from .formats.compressed_tensors import group_for, matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
@@ -92,7 +93,7 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
         if not getattr(config, "architectures", None):  # a model built in memory, never saved
             config.architectures = [type(model).__name__]
         folder = _as_dir(getattr(model, "name_or_path", "") or "")
-        return config, StateDictSource(model.state_dict(), folder), folder
+        return config, StateDictSource(per_expert_state(model.state_dict(), config), folder), folder
     folder = Path(model)
     if not folder.exists():
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")

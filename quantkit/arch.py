@@ -75,6 +75,45 @@ _LLAMA_FUSED = (
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A sparse mixture-of-experts block, as transformers holds it and as checkpoints name it.
+
+    transformers 5 keeps a block's experts as two fused 3-D parameters of its ``experts``
+    module: ``fused[0]`` ``[experts, 2 * inter, hidden]`` (the gate rows, then the up rows)
+    and ``fused[1]`` ``[experts, hidden, inter]``. Checkpoints (``save_pretrained``, vLLM's
+    MoE loaders) name every expert's linears apart: ``<checkpoint_block>.<experts>.<e>.
+    <linears[k]>.weight``, the gate, up and down projections in that order. ``block`` is the
+    decoder layer's attribute its forward calls; ``checkpoint_block`` is the block's name on
+    disk (Mixtral: ``block_sparse_moe``). The ``router`` (not an ``nn.Linear`` in transformers
+    5) stays in the model's dtype and is listed in the checkpoint's ``ignore``.
+    """
+
+    block: str = "mlp"
+    checkpoint_block: str = "mlp"
+    experts: str = "experts"
+    fused: tuple[str, str] = ("gate_up_proj", "down_proj")
+    linears: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
+    router: str = "gate"
+
+    @property
+    def experts_path(self) -> str:
+        """The experts' prefix within a decoder layer, as the checkpoint names it."""
+        return f"{self.checkpoint_block}.{self.experts}"
+
+    def expert_of(self, name: str) -> tuple[int, str] | None:
+        """``(expert, linear)`` for a layer-relative name like ``mlp.experts.3.down_proj``, else None.
+
+        >>> MoESpec().expert_of("mlp.experts.3.down_proj"), MoESpec().expert_of("self_attn.o_proj")
+        ((3, 'down_proj'), None)
+        """
+        head, sep, rest = name.partition(self.experts_path + ".")
+        index, _, leaf = rest.partition(".")
+        if head or not sep or not index.isdigit() or leaf not in self.linears:
+            return None
+        return int(index), leaf
+
+
+@dataclass(frozen=True)
 class ArchSpec:
     layers: str = "model.layers"
     subgroups: tuple[tuple[str, ...], ...] = _LLAMA_SUBGROUPS
@@ -92,6 +131,25 @@ class ArchSpec:
     # position ids that restart at 0 (transformers' packed-sequence masks), so each sample
     # attends only to itself. tests/test_packed_calibration.py checks it per architecture.
     packed_calibration: bool = True
+    # sparse MoE blocks: their fused experts are unfused into per-expert linears (experts.py)
+    moe: MoESpec | None = None
+
+    def layer_subgroups(self, names: list[str]) -> list[list[str]]:
+        """``subgroups`` restricted to ``names`` (a layer's targets), in true-sequential order.
+
+        Under MoE the experts' input linears (gate, up) of every expert form one sub-group
+        and their down projections the next, in expert order: one layer pass each when GPTQ
+        re-runs the layer per sub-group. Names no sub-group holds come last, together.
+        """
+        groups = [[n for n in sg if n in names] for sg in self.subgroups]
+        if self.moe is not None:
+            experts = sorted((e, self.moe.linears.index(leaf), n) for n in names
+                             if (found := self.moe.expert_of(n)) is not None for e, leaf in [found])
+            groups.append([n for _, k, n in experts if k < 2])
+            groups.append([n for _, k, n in experts if k == 2])
+        groups = [g for g in groups if g]
+        leftover = [n for n in names if not any(n in g for g in groups)]
+        return groups + ([leftover] if leftover else [])
 
 
 _GEMMA3 = ArchSpec(
@@ -119,6 +177,14 @@ _PHI3 = ArchSpec(
     v_proj=None,
 )
 
+# Attention as in Llama; the MLP is a sparse MoE block. AWQ / SmoothQuant fold into the attention
+# mappings only: the post-attention norm also feeds the router, whose columns no mapping balances.
+_MOE_ATTENTION = _LLAMA_SUBGROUPS[:2]
+_QWEN3_MOE = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
+                      moe=MoESpec())
+_MIXTRAL = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
+                    moe=MoESpec(checkpoint_block="block_sparse_moe", linears=("w1", "w3", "w2")))
+
 ARCHITECTURES: dict[str, ArchSpec] = {
     "LlamaForCausalLM": ArchSpec(),
     "MistralForCausalLM": ArchSpec(),
@@ -126,6 +192,8 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "Qwen3ForCausalLM": ArchSpec(),
     "Gemma3ForCausalLM": _GEMMA3,
     "Phi3ForCausalLM": _PHI3,
+    "Qwen3MoeForCausalLM": _QWEN3_MOE,
+    "MixtralForCausalLM": _MIXTRAL,
 }
 
 

@@ -18,6 +18,7 @@ from torch import nn
 
 from .arch import arch_for
 from .errors import QuantkitError
+from .experts import unfuse_model
 from .formats.compressed_tensors import parse_quantization_config, scheme_for
 from .kernels import select_backend
 from .kv_cache import KVCacheScheme, register_scales, use_kv_attention
@@ -51,6 +52,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     dtype = _config_dtype(plain)
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(plain, dtype=dtype, trust_remote_code=trust_remote_code)
+    unfuse_model(model, plain)   # MoE experts as the checkpoint's per-expert linears
     chosen = select_backend(torch.device(device).type, backend)
     swapped = 0
     for name, m in list(model.named_modules()):

@@ -59,6 +59,11 @@ class CalibrationSettings:
     # Keep the calibration hidden states in files next to the output between layers (only
     # the batch being run is in memory): for models whose activations do not fit.
     offload: StrictBool = False
+    # MoE experts: "all" runs every calibration token through every expert for its statistics
+    # (the layer's output still sums the top-k experts only), "routed" only its routed tokens
+    # (pipeline/coverage.py). Experts whose linears saw fewer than moe_min_tokens are flagged.
+    moe_experts: Literal["all", "routed"] = "all"
+    moe_min_tokens: Annotated[StrictInt, Field(ge=0)] = 32
 
 
 @config

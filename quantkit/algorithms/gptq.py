@@ -568,8 +568,11 @@ class GPTQ(Algorithm):
             if kind == "new":
                 H, tokens = pending.pop(name)
                 current.update(H=H, tokens=tokens, leader=name)  # the previous input's Hessian is done
+            # stacked with its siblings only (q/k/v in self_attn, gate/up in one MLP or expert): a
+            # sub-group of many experts would otherwise re-solve every expert at each expert's input
+            parent = name.rpartition(".")[0]
             peers = [n for n in subgroups[subgroup_of[name]]
-                     if n != name and n not in results and n not in provisional]
+                     if n != name and n not in results and n not in provisional and n.rpartition(".")[0] == parent]
             stack = next(b for b in self._solve_batches(ctx, [name] + peers) if name in b)
             solved = self._solve(ctx, stack, current["H"], current["tokens"], subgroup_of[name], stack)
             for n, (qw, _) in solved.items():
@@ -634,6 +637,11 @@ class GPTQ(Algorithm):
         modules = [ctx.targets[n][0] for n in names]
         args = ctx.targets[names[0]][1].weights
         device = modules[0].weight.device
+        if tokens == 0:
+            # No calibration token reached these linears (an MoE expert the router never picked):
+            # with H = I the solve is exactly round-to-nearest, where H = 0 would zero every
+            # column as dead and erase the expert.
+            H = torch.eye(H.shape[0], dtype=H.dtype)
         W = torch.cat([m.weight.data for m in modules], dim=0)
         try:
             res = quantize_weight(W, H.to(device), args, block_size=self.block_size,

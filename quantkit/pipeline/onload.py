@@ -14,12 +14,18 @@ def get_module(root: nn.Module, path: str) -> nn.Module:
 
 
 def build_skeleton(config) -> nn.Module:
-    """The model with parameters on the meta device and real (computed) buffers."""
+    """The model with parameters on the meta device and real (computed) buffers.
+
+    MoE experts are unfused into per-expert linears (``experts.py``): the checkpoint's names.
+    """
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
+    from ..experts import unfuse_model
+
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+    unfuse_model(model, config)
     return model.eval()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ class CalibrationPasses:
         self.chunks, self.hidden, self.calls = chunks, hidden, calls
         self.interleaver = Interleaver()
         self._batch: int | None = None
+        self._selected: set[int | None] = set()   # batches whose running module sees real tokens only
 
     @property
     def count(self) -> int:
@@ -46,12 +47,30 @@ class CalibrationPasses:
         """The batch now running (None outside a pass)."""
         return self._batch
 
+    def real_tokens(self) -> torch.Tensor | None:
+        """The running batch's real-token mask over its flattened positions (None: no padding)."""
+        j = self._batch
+        valid = None if j is None else self.chunks[j].valid
+        return None if valid is None else valid.flatten()
+
+    @contextlib.contextmanager
+    def selected(self) -> Iterator[None]:
+        """Inside it, the running batch's hooks get real tokens only (an MoE expert's gathered
+        inputs): ``tokens(x)`` takes them as they are. Kept per batch, since a lockstep pass
+        pauses one batch inside it while the others run."""
+        j = self._batch
+        self._selected.add(j)
+        try:
+            yield
+        finally:
+            self._selected.discard(j)
+
     def tokens(self, where: str) -> Callable[[torch.Tensor], torch.Tensor]:
         """``tokens(x)`` for the batch now running: its real tokens as ``[n, features]``."""
         def tokens(x: torch.Tensor) -> torch.Tensor:
             j = self._batch
             valid = None if j is None else self.chunks[j].valid
-            if valid is None:
+            if valid is None or j in self._selected:
                 return x.reshape(-1, x.shape[-1])
             if tuple(x.shape[:-1]) != tuple(valid.shape):
                 raise QuantkitError(f"{where}: a linear's input has shape {tuple(x.shape)}, not [rows, row_len, features] "
@@ -107,7 +126,10 @@ class CalibrationPasses:
             a = s.input_activations
             if a is not None and not a.dynamic:
                 def observe(mod, inp, _name=name):
-                    v = tokens(inp[0].detach()).abs().amax().float()
+                    x = tokens(inp[0].detach())
+                    if x.numel() == 0:   # an MoE expert no token of this batch was routed to
+                        return
+                    v = x.abs().amax().float()
                     observed[_name] = torch.maximum(observed.get(_name, v), v)
                 hooks.append(m.register_forward_pre_hook(observe))
         return hooks

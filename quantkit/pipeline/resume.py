@@ -145,6 +145,7 @@ class LayerLog:
     transforms: dict[str, dict[str, Any]] = field(default_factory=dict)  # per layer, per step
     groups: list[str] = field(default_factory=list)                      # config groups used, first use first
     formats: dict[str, int] = field(default_factory=dict)                # modules per format
+    experts: dict[str, dict[str, Any]] = field(default_factory=dict)     # MoE coverage per experts module
 
 
 @dataclass

@@ -35,6 +35,7 @@ from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transfo
 from ..arch import ArchSpec, arch_for
 from ..crashpoints import kill_point
 from ..errors import QuantkitError
+from ..experts import UnfusedExperts
 from ..formats.compressed_tensors import compress_module, group_for, quantization_config, scheme_for
 from ..formats.staging import RUN_DIR
 from ..formats.writer import ShardWriter
@@ -46,6 +47,7 @@ from . import batches as _batches
 from . import record, residuals
 from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
+from .coverage import Routing, coverage_entry, coverage_lines
 from .memory import return_freed_memory
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
@@ -120,10 +122,35 @@ def _check_tensors(layers: nn.Module, layers_path: str, source) -> None:
 
 
 def _subgroups(spec: ArchSpec, targets: dict) -> list[list[str]]:
-    groups = [[n for n in sg if n in targets] for sg in spec.subgroups]
-    groups = [g for g in groups if g]
-    leftover = [n for n in targets if not any(n in g for g in groups)]
-    return groups + ([leftover] if leftover else [])
+    return spec.layer_subgroups(list(targets))
+
+
+def _route(layer: nn.Module, prefix: str, passes: CalibrationPasses | None,
+           settings) -> dict[str, Routing]:
+    """Give the layer's MoE experts modules their calibration ``Routing`` (none without data)."""
+    if passes is None:
+        return {}
+    routings = {}
+    for name, m in layer.named_modules():
+        if isinstance(m, UnfusedExperts):
+            m.routing = routings[prefix + name] = Routing(
+                len(m), settings.moe_experts == "all", passes.real_tokens, passes.batch_index, passes.selected)
+    return routings
+
+
+def _unroute(layer: nn.Module) -> None:
+    for m in layer.modules():
+        if isinstance(m, UnfusedExperts):
+            m.routing = None
+
+
+def _routers(model: nn.Module, spec: ArchSpec) -> list[str]:
+    """The MoE routers, for ``ignore``: an engine (vLLM's routers are linear layers) would
+    otherwise apply the groups' "Linear" target to them."""
+    if spec.moe is None:
+        return []
+    return [f"{name.rsplit('.', 1)[0]}.{spec.moe.router}" for name, m in model.named_modules()
+            if isinstance(m, UnfusedExperts)]
 
 
 def _no_data(**_: Any) -> None:
@@ -189,6 +216,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             kv = (get_module(layer, spec.attention), KVObserver.for_scheme(recipe.kv_cache, num_tokens))
         ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
                        len(samples or []), num_tokens, kv)
+        routings = _route(layer, prefix, passes, recipe.calibration)
 
         found = _run_transforms(ctx, transforms, writer.tmp)
         if found:
@@ -213,6 +241,9 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             else:
                 observed = ctx.observed
             passes.hidden.advance()
+        for name, routing in routings.items():
+            lg.experts[name] = coverage_entry(routing, recipe.calibration.moe_min_tokens)
+        _unroute(layer)
 
         _write_layer(writer, prefix, layer, targets, results, observed, lg.stats, lg.formats)
         if kv is not None:
@@ -234,6 +265,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
 
     ignore = [n for n, m in model.named_modules()
               if isinstance(m, nn.Linear) and scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None]
+    ignore += [n for n in _routers(model, spec) if n not in ignore]
     groups_used = {g: recipe.groups[g] for g in lg.groups}
     cfg = config.to_dict()
     cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore,
@@ -246,6 +278,14 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     }
     if lg.transforms:
         quant_log["transforms"] = lg.transforms
+    if lg.experts:
+        settings = recipe.calibration
+        quant_log["moe_coverage"] = {"mode": settings.moe_experts, "min_tokens": settings.moe_min_tokens,
+                                     "layers": lg.experts,
+                                     "under_min": {n: r["under_min"] for n, r in lg.experts.items() if r["under_min"]}}
+        if log is not None:
+            for line in coverage_lines(lg.experts, settings.moe_experts, settings.moe_min_tokens):
+                log(line)
     writer.write_json("quantization_log.json", quant_log)
     writer.finalize()
     return PipelineResult(writer.tmp, source.nbytes(), writer.total_bytes, time.time() - t0,
@@ -341,6 +381,10 @@ def _write_layer(writer: ShardWriter, prefix: str, layer: nn.Module, targets, re
         if name in observed:
             amax = observed[name].reshape(1)
             input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
+        elif s.input_activations is not None and not s.input_activations.dynamic:
+            raise QuantkitError(f"{prefix}{name}: no calibration token reached it, so its static input scale "
+                                "cannot be calibrated (an MoE expert no token was routed to: set "
+                                "calibration.moe_experts: all)")
         for k, t in compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale).items():
             writer.add(f"{prefix}{name}.{k}", t)
         written.update({f"{name}.weight", f"{name}.bias"})
