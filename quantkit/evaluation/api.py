@@ -20,6 +20,7 @@ from .forced import View, encode_text, run_forced
 from .generation import generation_agreement
 from .languages import LanguageGate, language_gate, model_folder
 from .models import pad_id
+from .pair import both
 from .sandbox import Runner, SandboxUnavailable, code_runner
 from .slices import Slice, SuiteOptions, load_suite
 from .tasks import code_pass, extraction, mc_summary, multiple_choice
@@ -159,13 +160,12 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
     bar.update(1)
     mcs = cap(sl.of_kind("mc"), opt.mc_items)
     if mcs:
-        s = mc_summary(mcs, multiple_choice(base, tokenizer, mcs, pad), multiple_choice(cand, tokenizer, mcs, pad))
+        s = mc_summary(mcs, *both(lambda m: multiple_choice(m, tokenizer, mcs, pad), base, cand))
         s["mc_accuracy_drop"] = s["mc_accuracy_base"] - s["mc_accuracy_cand"]
         values.update(s)
     ext = cap(sl.of_kind("extract"), opt.extract_items)
     if ext:
-        rb = extraction(base, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
-        rc = extraction(cand, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch)
+        rb, rc = both(lambda m: extraction(m, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch), base, cand)
         fb, fc = (sum(r["f1"] for r in rs) / len(rs) for rs in (rb, rc))
         values.update({"extract_items": len(ext), "extract_f1_base": fb, "extract_f1_cand": fc,
                        "extract_f1_drop": fb - fc})
@@ -176,8 +176,8 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
                      for it, a, b in lost if b["f1"] < a["f1"]]
     code = cap(sl.of_kind("code"), opt.code_items)
     if code and runner is not None:   # without a runner the caller records why they were skipped
-        rb = code_pass(base, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s, runner)
-        rc = code_pass(cand, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch, opt.code_timeout_s, runner)
+        rb, rc = both(lambda m: code_pass(m, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch,
+                                          opt.code_timeout_s, runner), base, cand)
         pb, pc = (sum(r["passed"] for r in rs) / len(rs) for rs in (rb, rc))
         values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc,
                        "code_pass_drop": pb - pc})

@@ -13,6 +13,7 @@ from torch import nn
 
 from .divergence import bucket_measures, kl_by_position, position_buckets, token_stats
 from .models import body_states, head_logits, position_chunks
+from .pair import both, pair
 from .perplexity import perplexity, rolling_windows
 
 # Logit tokens (batch rows x positions) per head call: 1 GiB a model at Gemma3's vocabulary, float32
@@ -153,15 +154,13 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
     for batch in _batches(list(_jobs(encoded, max_len)), batch_tokens):
         seqs = [encoded[k].ids[w.start:w.end] for k, w in batch]
         width = max(len(q) for q in seqs)
-        hb = body_states(base, seqs, pad)
-        hc = body_states(cand, seqs, pad)
+        hb, hc = both(lambda m: body_states(m, seqs, pad), base, cand)
         hv = {}
         for name, view in views.items():
             with view(cand) as model:
                 hv[name] = body_states(model, seqs, pad)
         for s0, s1 in position_chunks(width, len(batch), chunk_tokens):
-            lb = head_logits(base, hb[:, s0:s1])
-            lc = head_logits(cand, hc[:, s0:s1])
+            lb, lc = pair(lambda: head_logits(base, hb[:, s0:s1]), lambda: head_logits(cand, hc[:, s0:s1]), base, cand)
             for row, k, w, p0, p1 in _scored(batch, s0, s1):
                 e = encoded[k]
                 a, b = w.start + 1 + p0, w.start + 1 + p1   # the tokens these positions predict

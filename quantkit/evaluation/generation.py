@@ -6,6 +6,7 @@ divided by N (after EOS both stop: equal stops count as agreement to the end).
 from __future__ import annotations
 
 from .models import greedy
+from .pair import both
 
 
 def prefix_agreement(a: list[int], b: list[int], n_tokens: int) -> float:
@@ -27,8 +28,7 @@ def generation_agreement(base, cand, prompts: list[list[int]], n_tokens: int, pa
     scores, examples = [], []
     for s in range(0, len(prompts), batch):
         chunk = prompts[s:s + batch]
-        gb = greedy(base, chunk, n_tokens, pad, eos)
-        gc = greedy(cand, chunk, n_tokens, pad, eos)
+        gb, gc = both(lambda m: greedy(m, chunk, n_tokens, pad, eos), base, cand)
         for p, a, b in zip(chunk, gb, gc):
             scores.append(prefix_agreement(a, b, n_tokens))
             examples.append({"prompt": p, "base": a, "cand": b, "agreement": scores[-1]})
