@@ -217,6 +217,12 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     typer.echo(f"  modules by format: {info['modules_by_format']}")
     typer.echo(f"  size: {_human(info['total_bytes'])} total, {_human(info['quantized_bytes'])} in quantized modules")
     typer.echo(f"  backend: {info['backend']['cpu']} on CPU, {info['backend']['cuda']} on CUDA (override: QUANTKIT_BACKEND)")
+    coverage = info["moe_coverage"]
+    if coverage:
+        from .pipeline.coverage import coverage_lines
+
+        for line in coverage_lines(coverage["layers"], coverage["mode"], coverage["min_tokens"]):
+            typer.echo(f"  {line}")
 
 
 @app.command("sensitivity")

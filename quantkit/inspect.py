@@ -61,6 +61,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "modules": per_module,
         "backend": {"cpu": select_backend("cpu"), "cuda": select_backend("cuda")},
         "steps": _step_names(log.get("recipe") or {}),
+        "moe_coverage": log.get("moe_coverage"),   # tokens per MoE expert in calibration (None: dense)
     }
 
 

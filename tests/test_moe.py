@@ -230,3 +230,16 @@ def test_mixed_precision_refuses_moe_models(starved):
     rec = {"scheme": "W4A16", "group_size": 32, "mixed": {"budget_bits": 6.0}}
     with pytest.raises(QuantkitError, match="mixed: mixed precision does not plan MoE models yet"):
         quantkit.quantize(starved["MixtralForCausalLM"], rec, calibration=CALIB)
+
+
+def test_inspect_shows_the_coverage_table(starved, tmp_path):
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    rec = {**RECIPES["w4a16-gptq"], "calibration": {"moe_experts": "routed", "moe_min_tokens": 8}}
+    path = quantkit.quantize(starved["MixtralForCausalLM"], rec, calibration=CALIB).save(tmp_path / "q")
+    res = CliRunner().invoke(app, ["inspect", str(path)])
+    assert res.exit_code == 0, res.output
+    assert "expert coverage (calibration tokens per expert; mode routed, minimum 8)" in res.output
+    assert "model.layers.1.block_sparse_moe.experts: 128 128 0 0  under the minimum: expert 2, 3" in res.output
