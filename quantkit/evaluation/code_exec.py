@@ -63,6 +63,12 @@ def run_program(source: str, runner: Runner | None = None, timeout_s: float = 5.
 STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\n```", "\nassert ")
 
 
+def stops_body(text: str) -> bool:
+    """Whether a generated function body has ended (``truncate_completion`` cuts it): what
+    follows changes nothing, so generation may stop there."""
+    return any(s in text for s in STOP)
+
+
 def truncate_completion(text: str) -> str:
     """Cut a generated function body where the model starts something else."""
     cut = min((i for i in (text.find(s) for s in STOP) if i >= 0), default=len(text))

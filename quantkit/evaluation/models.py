@@ -5,10 +5,11 @@ long window's logits never sit in memory whole: Gemma3's 262144-entry vocabulary
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -95,9 +96,27 @@ def position_chunks(width: int, rows: int, chunk_tokens: int) -> Iterator[tuple[
         yield s, min(s + step, width)
 
 
+class _StopWhen(StoppingCriteria):
+    """A transformers stopping criterion: row ``i`` is done once ``stop(its generated ids)``.
+
+    A row that is done is padded from then on like one that reached EOS, and generation ends
+    when every row is done: the tokens before the stop are the ones a full-length run gives."""
+
+    def __init__(self, stop: Callable[[list[int]], bool], width: int) -> None:
+        self.stop, self.width = stop, width
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        done = [self.stop(row) for row in input_ids[:, self.width:].tolist()]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
 @torch.inference_mode()
-def greedy(model: nn.Module, prompts: list[list[int]], n_tokens: int, pad: int, eos: int | None) -> list[list[int]]:
-    """Greedy continuation of each prompt (left-padded batch), cut after EOS."""
+def greedy(model: nn.Module, prompts: list[list[int]], n_tokens: int, pad: int, eos: int | None,
+           stop: Callable[[list[int]], bool] | None = None) -> list[list[int]]:
+    """Greedy continuation of each prompt (left-padded batch), cut after EOS.
+
+    ``stop(generated ids) -> bool`` ends a row early (its continuation is then cut by the
+    caller at the same place it would cut a full-length one)."""
     width = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), width), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -107,7 +126,8 @@ def greedy(model: nn.Module, prompts: list[list[int]], n_tokens: int, pad: int, 
     dev = model_device(model)
     out = model.generate(input_ids=ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=n_tokens,
                          do_sample=False, num_beams=1, temperature=None, top_p=None, top_k=None,
-                         pad_token_id=pad, eos_token_id=eos)
+                         pad_token_id=pad, eos_token_id=eos,
+                         **({"stopping_criteria": StoppingCriteriaList([_StopWhen(stop, width)])} if stop else {}))
     rows = []
     for row in out[:, width:].tolist():
         if eos is not None and eos in row:

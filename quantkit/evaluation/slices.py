@@ -68,7 +68,7 @@ class SuiteOptions:
     code_tokens: int = 128
     code_timeout_s: float = 5.0
     batch_tokens: int = 2048                # padded tokens per teacher-forced batch
-    gen_batch: int = 8
+    gen_batch: int = 16                     # prompts per greedy batch: the 12 code problems in one (decoding is bound by weight reads)
     # business slices (business.py): at most this many rows per task, each cut to this many tokens
     # (and the deployment length), taken in log order until the task holds business_scored_tokens
     # scored tokens (None: all the rows); only a chat row's assistant turns are scored. Generation

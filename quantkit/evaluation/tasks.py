@@ -9,7 +9,7 @@ from collections import Counter
 
 import torch
 
-from .code_exec import humaneval_program, run_program, truncate_completion
+from .code_exec import humaneval_program, run_program, stops_body, truncate_completion
 from .models import forward_logits, greedy
 from .sandbox import Runner
 
@@ -107,10 +107,14 @@ def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos
 def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos, batch: int,
               timeout_s: float, runner: Runner) -> list[dict]:
     """Greedy completions run against their tests by ``runner`` (the sandbox, see sandbox.py)."""
+    def finished(ids: list[int]) -> bool:   # the body is over: truncate_completion cuts here
+        return stops_body(tokenizer.decode(ids, skip_special_tokens=True))
+
     out = []
     for s in range(0, len(items), batch):
         chunk = items[s:s + batch]
-        gens = greedy(model, [tokenizer(it["prompt"])["input_ids"] for it in chunk], n_tokens, pad, eos)
+        gens = greedy(model, [tokenizer(it["prompt"])["input_ids"] for it in chunk], n_tokens, pad, eos,
+                      stop=finished)
         for it, g in zip(chunk, gens):
             completion = tokenizer.decode(g, skip_special_tokens=True)
             res = run_program(humaneval_program(it, completion), runner, timeout_s=timeout_s)

@@ -36,7 +36,7 @@ def code_item(name: str, attack: str) -> dict:
 def empty_completions(monkeypatch):
     # a model that ends every completion at once: the program is the item's own code, so each
     # attack runs whatever a random tiny model would have generated
-    monkeypatch.setattr(tasks, "greedy", lambda model, prompts, *a: [[] for _ in prompts])
+    monkeypatch.setattr(tasks, "greedy", lambda model, prompts, *a, **kw: [[] for _ in prompts])
 
 
 @pytest.fixture

@@ -57,3 +57,20 @@ def test_views_score_against_the_same_baseline(base, tok):
     assert r.views["same"]["tokens"] == main["tokens"] == len(ids) - 1
     assert all(m is noisy for m in entered) and entered
     assert r.deepest == 63 and main["last_bucket_end"] == 64
+
+
+def test_greedy_stops_rows_early_and_keeps_their_tokens(base, tok):
+    from quantkit.evaluation.models import greedy
+    prompts = [tok("def add(a, b):\n")["input_ids"], tok("The total was 1,200 yuan")["input_ids"]]
+    full = greedy(base, prompts, 20, pad=0, eos=None)
+    calls = []
+    handle = base.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        early = greedy(base, prompts, 20, pad=0, eos=None, stop=lambda ids: len(ids) >= 3 + ids[0] % 3)
+    finally:
+        handle.remove()
+    assert all(len(r) == 20 for r in full)
+    for f, e in zip(full, early):   # each row is the full run's opening, to its own stop
+        n = 3 + f[0] % 3
+        assert e[:n] == f[:n]
+    assert len(calls) <= 5 < 20     # generation ended when every row had stopped
