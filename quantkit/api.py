@@ -24,7 +24,7 @@ from torch import nn
 
 from .device import check_device
 from .errors import QuantkitError
-from .experts import per_expert_state
+from .experts import kept_patterns, per_expert_state
 from .formats import staging
 from .formats.compressed_tensors import group_for, matches
 from .formats.writer import ShardWriter, move_into_place, prepare_output
@@ -204,6 +204,9 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     if resume and out is None:
         raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
     config, source, folder = resolve_model(model, trust_remote_code)
+    kept = kept_patterns(config)   # e.g. Qwen2-MoE's shared-expert gates: never quantized
+    if kept:
+        recipe = recipe.with_overrides(ignore=kept)
     try:
         check_modules(config, recipe, ignore, warn)
         plan_source = None

@@ -7,6 +7,7 @@ feeds which linears (for smoothing/AWQ scales), and where the attention k/v proj
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -85,7 +86,8 @@ class MoESpec:
     <linears[k]>.weight``, the gate, up and down projections in that order. ``block`` is the
     decoder layer's attribute its forward calls; ``checkpoint_block`` is the block's name on
     disk (Mixtral: ``block_sparse_moe``). The ``router`` (not an ``nn.Linear`` in transformers
-    5) stays in the model's dtype and is listed in the checkpoint's ``ignore``.
+    5) stays in the model's dtype and is listed in the checkpoint's ``ignore``; so are the
+    block's ``keep`` linears (Qwen2-MoE's ``shared_expert_gate``, one output: a scalar gate).
     """
 
     block: str = "mlp"
@@ -94,6 +96,7 @@ class MoESpec:
     fused: tuple[str, str] = ("gate_up_proj", "down_proj")
     linears: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     router: str = "gate"
+    keep: tuple[str, ...] = ()
 
     @property
     def experts_path(self) -> str:
@@ -111,6 +114,14 @@ class MoESpec:
         if head or not sep or not index.isdigit() or leaf not in self.linears:
             return None
         return int(index), leaf
+
+    def kept(self) -> list[str]:
+        r"""``ignore`` patterns for the ``keep`` linears of every block.
+
+        >>> print(*MoESpec(keep=("shared_expert_gate",)).kept())
+        re:.*\.mlp\.shared_expert_gate$
+        """
+        return [f"re:.*\\.{re.escape(self.checkpoint_block)}\\.{re.escape(k)}$" for k in self.keep]
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,11 @@ _PHI3 = ArchSpec(
 _MOE_ATTENTION = _LLAMA_SUBGROUPS[:2]
 _QWEN3_MOE = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
                       moe=MoESpec())
+# Qwen2-MoE adds a shared expert (a dense MLP beside the routed experts, scaled by a sigmoid gate)
+_QWEN2_MOE = ArchSpec(subgroups=_MOE_ATTENTION + (("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"),
+                                                  ("mlp.shared_expert.down_proj",)),
+                      fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
+                      moe=MoESpec(keep=("shared_expert_gate",)))
 _MIXTRAL = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
                     moe=MoESpec(checkpoint_block="block_sparse_moe", linears=("w1", "w3", "w2")))
 
@@ -192,6 +208,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
     "Qwen3ForCausalLM": ArchSpec(),
     "Gemma3ForCausalLM": _GEMMA3,
     "Phi3ForCausalLM": _PHI3,
+    "Qwen2MoeForCausalLM": _QWEN2_MOE,
     "Qwen3MoeForCausalLM": _QWEN3_MOE,
     "MixtralForCausalLM": _MIXTRAL,
 }

@@ -107,6 +107,12 @@ def moe_spec(config) -> MoESpec | None:
     return spec.moe if spec is not None else None
 
 
+def kept_patterns(config) -> list[str]:
+    """``ignore`` patterns for the MoE blocks' linears the architecture keeps in high precision."""
+    spec = _spec(config)
+    return spec.moe.kept() if spec is not None and spec.moe is not None else []
+
+
 def unfuse_model(model: nn.Module, config) -> int:
     """``unfuse_experts`` on a model of ``config``'s architecture; a dense one is left as it is."""
     spec = _spec(config)

@@ -1,4 +1,4 @@
-"""Tiny random-initialised MoE models (Qwen3-MoE, Mixtral) saved as Hugging Face folders, for tests."""
+"""Tiny random-initialised MoE models (Qwen3-MoE, Mixtral, Qwen2-MoE) saved as Hugging Face folders, for tests."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from pathlib import Path
 
 import torch
 
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 NUM_EXPERTS = 4
 
 
 def moe_config(arch: str, num_layers: int = 2, experts: int = NUM_EXPERTS, top_k: int = 2):
-    from transformers import MixtralConfig, Qwen3MoeConfig
+    from transformers import MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
     common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=num_layers, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, num_experts_per_tok=top_k,
@@ -19,6 +19,9 @@ def moe_config(arch: str, num_layers: int = 2, experts: int = NUM_EXPERTS, top_k
     if arch == "Qwen3MoeForCausalLM":
         return Qwen3MoeConfig(**common, head_dim=16, intermediate_size=128, moe_intermediate_size=64,
                               num_experts=experts, norm_topk_prob=True)
+    if arch == "Qwen2MoeForCausalLM":   # with a shared expert beside the routed ones
+        return Qwen2MoeConfig(**common, intermediate_size=128, moe_intermediate_size=64, num_experts=experts,
+                              shared_expert_intermediate_size=64, norm_topk_prob=True)
     if arch == "MixtralForCausalLM":
         return MixtralConfig(**common, intermediate_size=64, num_local_experts=experts)
     raise AssertionError(f"no tiny MoE config for {arch}")

@@ -27,7 +27,10 @@ RECIPES = {
 }
 # the experts' prefix within a layer and their gate, up, down linears, as checkpoints name them
 LAYOUT = {"Qwen3MoeForCausalLM": ("mlp", ("gate_proj", "up_proj", "down_proj")),
-          "MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2"))}
+          "MixtralForCausalLM": ("block_sparse_moe", ("w1", "w3", "w2")),
+          "Qwen2MoeForCausalLM": ("mlp", ("gate_proj", "up_proj", "down_proj"))}
+# quantized linears per layer: attention, the routed experts, Qwen2-MoE's shared expert
+LINEARS = {arch: 4 + 3 * NUM_EXPERTS + 3 * (arch == "Qwen2MoeForCausalLM") for arch in LAYOUT}
 CALIB = random_ids(4, 32)
 
 
@@ -103,7 +106,13 @@ def test_every_expert_quantized_per_expert(moe, recipe):
         assert router in _config(path)["quantization_config"]["ignore"]
     assert not any("gate_up_proj" in k or k.endswith("experts.down_proj") for k in tensors)
     log = json.loads((path / "quantization_log.json").read_text())
-    assert len(log["modules"]) == 2 * (4 + 3 * NUM_EXPERTS)
+    assert len(log["modules"]) == 2 * LINEARS[arch]
+    if arch == "Qwen2MoeForCausalLM":   # the shared expert quantized, its one-output gate kept
+        for i in range(2):
+            assert f"model.layers.{i}.mlp.shared_expert.down_proj.weight_scale" in tensors
+            gate = f"model.layers.{i}.mlp.shared_expert_gate"
+            assert torch.equal(tensors[f"{gate}.weight"], source[f"{gate}.weight"])
+            assert gate in _config(path)["quantization_config"]["ignore"]
     if "gptq" in recipe:
         experts = {k: v for k, v in log["modules"].items() if ".experts." in k}
         assert len(experts) == 2 * 3 * NUM_EXPERTS and all(v["algorithm"] == "gptq" for v in experts.values())
@@ -114,7 +123,7 @@ def test_transformers_compressed_tensors_logits_equal_quantkit_load(moe, recipe)
     arch, src, out = moe
     assert relative_logit_error(out[recipe]) <= 1e-3
     model = quantkit.load(out[recipe])
-    assert model.quantkit_info["quantized_modules"] == 2 * (4 + 3 * NUM_EXPERTS)
+    assert model.quantkit_info["quantized_modules"] == 2 * LINEARS[arch]
 
 
 @pytest.mark.parametrize("recipe", ["w8a8-rtn", "w8a8-gptq", "fp8-dynamic"])
@@ -243,3 +252,23 @@ def test_inspect_shows_the_coverage_table(starved, tmp_path):
     assert res.exit_code == 0, res.output
     assert "expert coverage (calibration tokens per expert; mode routed, minimum 8)" in res.output
     assert "model.layers.1.block_sparse_moe.experts: 128 128 0 0  under the minimum: expert 2, 3" in res.output
+
+
+@pytest.mark.parametrize("mode", ["all", "routed"])
+def test_padding_never_reaches_the_experts_statistics(tmp_path, mode):
+    """Samples of 32, 17 and 9 tokens pack into rows of 32 with 6 padding positions: every
+    expert, and the shared expert, sees real tokens only."""
+    arch = "Qwen2MoeForCausalLM"
+    src = make_moe_dir(tmp_path / "src", arch)
+    calib = [ids[:n] for ids, n in zip(random_ids(3, 32, seed=2), (32, 17, 9))]
+    rec = {**RECIPES["w4a16-gptq"], "calibration": {"moe_experts": mode}}
+    log = json.loads((quantkit.quantize(src, rec, calibration=calib).save(tmp_path / "q")
+                      / "quantization_log.json").read_text())
+    real = 32 + 17 + 9
+    for i in range(2):
+        row = log["moe_coverage"]["layers"][f"model.layers.{i}.mlp.experts"]
+        assert sum(row["routed"]) == 2 * real   # top-2 of each real token, none of the padding
+        assert row["calibrated"] == ([real] * NUM_EXPERTS if mode == "all" else row["routed"])
+        assert log["modules"][f"model.layers.{i}.mlp.shared_expert.gate_proj"]["tokens"] == real
+        for e in range(NUM_EXPERTS):
+            assert log["modules"][f"model.layers.{i}.mlp.experts.{e}.down_proj"]["tokens"] == row["calibrated"][e]

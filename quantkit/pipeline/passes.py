@@ -72,6 +72,8 @@ class CalibrationPasses:
             valid = None if j is None else self.chunks[j].valid
             if valid is None or j in self._selected:
                 return x.reshape(-1, x.shape[-1])
+            if x.ndim == 2 and x.shape[0] == valid.numel():   # positions flattened (an MoE block's shared expert)
+                return x[valid.flatten().to(x.device)]
             if tuple(x.shape[:-1]) != tuple(valid.shape):
                 raise QuantkitError(f"{where}: a linear's input has shape {tuple(x.shape)}, not [rows, row_len, features] "
                                     f"{tuple(valid.shape)}: cannot tell calibration tokens from padding")
