@@ -272,3 +272,19 @@ def test_padding_never_reaches_the_experts_statistics(tmp_path, mode):
         assert log["modules"][f"model.layers.{i}.mlp.shared_expert.gate_proj"]["tokens"] == real
         for e in range(NUM_EXPERTS):
             assert log["modules"][f"model.layers.{i}.mlp.experts.{e}.down_proj"]["tokens"] == row["calibrated"][e]
+
+
+@pytest.mark.parametrize("true_sequential", [True, False])
+def test_gptq_rerunning_the_layer_per_batch_covers_the_experts_alike(starved, tmp_path, true_sequential):
+    """Two calibration batches (no lockstep pass): one layer pass per sub-group, or one for all;
+    the coverage sums both batches, and the starved experts are still flagged and rounded."""
+    rec = {"scheme": "W4A16", "group_size": 32, "steps": [{"gptq": {"true_sequential": true_sequential}}],
+           "calibration": {"moe_experts": "routed", "batch_tokens": 64, "moe_min_tokens": 8}}
+    lines: list[str] = []
+    path = quantkit.quantize(starved["MixtralForCausalLM"], rec, calibration=CALIB, log=lines.append).save(tmp_path / "q")
+    assert any("2 batches per layer" in line and "one pass" not in line for line in lines)
+    log = json.loads((path / "quantization_log.json").read_text())
+    layer = "model.layers.0.block_sparse_moe.experts"
+    assert log["moe_coverage"]["layers"][layer]["calibrated"] == [128, 128, 0, 0]
+    assert log["modules"][f"{layer}.1.w2"]["tokens"] == 128 and log["modules"][f"{layer}.2.w2"]["tokens"] == 0
+    assert log["modules"][f"{layer}.2.w2"]["dead_columns"] == 0
