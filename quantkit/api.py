@@ -22,12 +22,13 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from . import distributed
 from .device import check_device
 from .errors import QuantkitError
 from .experts import kept_patterns, per_expert_state
 from .formats import staging
 from .formats.compressed_tensors import group_for, matches
-from .formats.writer import ShardWriter, move_into_place, prepare_output
+from .formats.writer import DiscardWriter, ShardWriter, move_into_place, prepare_output
 from .kv_cache.long_rows import long_rows
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
@@ -59,6 +60,8 @@ class QuantizedModel:
             raise QuantkitError("save: no output folder (pass one, or out= to quantize)")
         if self._saved is not None:
             raise QuantkitError(f"{out}: already saved to {self._saved}")
+        if not distributed.is_writer():
+            raise QuantkitError(f"save: rank {distributed.rank()} of a data-parallel conversion writes nothing; rank 0 saves")
         self._saved = move_into_place(self.result.path, Path(out), overwrite)
         return self._saved
 
@@ -189,6 +192,10 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     Dead runs' staging folders for ``out`` are removed (or continued), live ones never touched.
     Interrupted (KeyboardInterrupt) once a layer is done, it keeps the staging folder and
     raises ``ConversionInterrupted``; any other failure removes it.
+
+    In a ``torch.distributed`` process group (``quantkit.distributed.initialize`` under
+    torchrun) the calibration is data-parallel: each rank runs its share of the batches and
+    the statistics are merged; rank 0 writes, the others' results cannot be saved.
     """
     warnings: list[str] = []
 
@@ -201,6 +208,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
 
     check_device(device)
     recipe = load_recipe(recipe).with_overrides(ignore=list(ignore))
+    if distributed.world_size() > 1:
+        distributed.check_data_parallel(recipe, resume)
     if resume and out is None:
         raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
     config, source, folder = resolve_model(model, trust_remote_code)
@@ -232,7 +241,10 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
                                            lambda: _float_model_of(model, folder, trust_remote_code), log or _logger.info)
             check_modules(config, recipe, (), lambda _: None)   # the planned groups' widths (warned once above)
         book: RunBook | None = None
-        if out is not None:
+        writes = distributed.is_writer()
+        if not writes:
+            tmp = None   # a data-parallel rank other than 0: it computes with the others, writes nothing
+        elif out is not None:
             out = Path(out)
             book = open_run(Path(workdir) if workdir is not None else out.parent, out,
                             run_keys(recipe, config, source, samples, device), resume,
@@ -240,10 +252,13 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             tmp = book.folder
         else:
             tmp = staging.make_folder(Path(workdir) if workdir is not None else Path(tempfile.gettempdir()))
-        writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp)
+        writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp) if writes else DiscardWriter()
         try:
             result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
                                   book=book)
+            if not writes:
+                writer.abort()
+                return QuantizedModel(result, recipe, warnings=warnings, out=out)
             copy_side_files(folder, writer.tmp)
             if planned:
                 _write_plan(writer, *planned)

@@ -60,6 +60,9 @@ def convert(
                                               "previous mixed conversion's) instead of searching again."),
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip the evaluation report after converting."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow model code from the model folder."),
+    nproc: Optional[str] = typer.Option(None, "--nproc", help="Data-parallel calibration on this many local ranks "
+                                        "(launches torchrun; gloo on the CPU, NCCL on GPUs): each runs a share of the "
+                                        "calibration batches, statistics are all-reduced, rank 0 writes."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
     terminated: list[int] = []
@@ -77,7 +80,12 @@ def convert(
         from .evaluation.section import check_eval_section
         from .formats.writer import prepare_output
         from .recipe import load_recipe
+        from . import distributed
 
+        ranks = distributed.parse_nproc(nproc)
+        launched = distributed.launched_ranks()
+        if ranks is not None and launched > 1 and ranks != launched:
+            raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
         # every recipe key, the eval: section included, is checked before any work
         go = budget is not None and budget.strip().lower() == "go"
         r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
@@ -86,7 +94,12 @@ def convert(
         go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
-        prepare_output(out, overwrite)
+        device = distributed.initialize(device)   # joins torchrun's process group, if it started this one
+        writes = distributed.is_writer()
+        if writes:
+            prepare_output(out, overwrite)
+        if ranks is not None and ranks > 1 and launched == 1:
+            _launch(ranks)   # the ranks check and convert again; this process only waits
         banner = (f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
                   f"[recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]")
 
@@ -96,11 +109,15 @@ def convert(
             return _progress(iterable, total)
 
         say = lambda line: typer.echo(line, err=True)   # noqa: E731
+        if not writes:   # the others compute with rank 0 and say nothing
+            progress, say = None, lambda line: None   # noqa: E731
         if go:
             q = _smallest_go(model, r, calib, out, no_eval, resume, ignore, device, progress, say, trust_remote_code)
         else:
             q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
                          device=device, progress=progress, log=say, trust_remote_code=trust_remote_code)
+        if not writes:
+            return
         path = q.save(out, overwrite=overwrite)
         s = q.summary()
         typer.echo(
@@ -119,6 +136,21 @@ def convert(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        from . import distributed
+        distributed.shutdown()
+
+
+def _launch(nproc: int) -> None:
+    """Run this command again under torchrun on ``nproc`` local ranks; exit with its status."""
+    import os
+    import subprocess
+
+    from .distributed import free_port, launch_argv
+
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")   # torchrun's own default for several ranks, without its warning
+    cmd = [sys.executable, *launch_argv(nproc, sys.argv[1:], free_port())]
+    raise typer.Exit(code=subprocess.run(cmd, env=env).returncode)
 
 
 def _budget(text: str | None) -> float | None:

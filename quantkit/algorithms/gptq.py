@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from ..distributed import merge_mean
 from ..errors import QuantkitError
 from ..primitives import quantize_weight as rtn_quantize_weight
 from ..primitives import dequantize, weight_qparams
@@ -637,6 +638,8 @@ class GPTQ(Algorithm):
         modules = [ctx.targets[n][0] for n in names]
         args = ctx.targets[names[0]][1].weights
         device = modules[0].weight.device
+        # data-parallel calibration: every rank solves from every rank's tokens (identity on one rank)
+        H, tokens = merge_mean(H, tokens)
         if tokens == 0:
             # No calibration token reached these linears (an MoE expert the router never picked):
             # with H = I the solve is exactly round-to-nearest, where H = 0 would zero every

@@ -184,3 +184,28 @@ def move_into_place(tmp: Path, out: Path, overwrite: bool) -> Path:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+class DiscardWriter(ShardWriter):
+    """The writer of a rank that computes but does not write (a data-parallel rank other than 0):
+    every tensor is counted and dropped, no shard, index or JSON is written. The per-layer
+    records the pipeline keeps beside the shards (integrity rows) go to a private temporary
+    folder that ``abort`` removes."""
+
+    def __init__(self) -> None:
+        super().__init__(folder=Path(tempfile.mkdtemp(prefix="quantkit-rank-")))
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        self.total_bytes += tensor.numel() * tensor.element_size()
+
+    def end_unit(self) -> None:
+        pass
+
+    def flush(self, last: bool = False) -> None:
+        pass
+
+    def finalize(self) -> None:
+        pass
+
+    def write_json(self, name: str, data) -> None:
+        pass

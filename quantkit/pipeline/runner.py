@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
+from .. import distributed
 from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult, build_algorithm
 from ..arch import ArchSpec, arch_for
 from ..crashpoints import kill_point
@@ -245,6 +246,8 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
             lg.experts[name] = coverage_entry(routing, recipe.calibration.moe_min_tokens)
         _unroute(layer)
 
+        observed = distributed.merge_max(observed, [n for n, (_, s) in targets.items()
+                                                    if s.input_activations is not None and not s.input_activations.dynamic])
         _write_layer(writer, prefix, layer, targets, results, observed, lg.stats, lg.formats)
         if kv is not None:
             dtype = next(kv[0].parameters()).dtype   # compressed-tensors: the attention module's dtype
@@ -315,9 +318,13 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
     single_pass = sum(c.input_ids.numel() for c in chunks) <= batch_tokens
     if log is not None:
         rows = sum(c.input_ids.shape[0] for c in chunks)
+        ranks = distributed.world_size()
         log(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
             f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
-            f"{', all in one pass' if single_pass else ''}")
+            f"{', all in one pass' if single_pass else ''}{f', shared by {ranks} ranks' if ranks > 1 else ''}")
+    # data-parallel: every rank made the same batches (and took the same single_pass decision)
+    # and runs its own share; on one rank that is all of them
+    chunks = [chunks[j] for j in distributed.owned_batches(len(chunks), distributed.rank(), distributed.world_size())]
     if offload_dir is not None:
         offload_dir.mkdir(parents=True, exist_ok=True)
     first, calls = [], ArgumentStore(offload_dir, device)
