@@ -128,7 +128,7 @@ def _check_malformed(path: Path, raw: RawLog, rows_read: int, valid: int, cfg: S
 
 def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int, max_seq_len: int,
                      seed: int = 0, warn: Callable[[str], None] | None = None,
-                     policy: str = "traffic") -> list[list[int]]:
+                     policy: str = "traffic", record: dict | None = None) -> list[list[int]]:
     """Token ids for calibration, BOS rules applied, each at most ``max_seq_len`` long.
 
     ``source``: a sampler output folder (its saved samples are used: a stratified subset when
@@ -136,6 +136,9 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
     fly with ``policy``, see allocate.py), or ``None``/``"default"`` for the embedded default log.
     ``warn`` receives one line for each thing the caller should know (malformed rows skipped
     under the limit, fewer samples than asked, another tokenizer); default: this module's logger.
+    ``record``, if given, receives the drawn set's ``source`` (name, sha256) and
+    ``sample_content`` (its rows' content hashes, never text): what an evaluation of the
+    converted model leaves out of its business slices.
 
     Example:
         >>> ids = load_calibration("calib/", tok, num_samples=128, max_seq_len=2048, seed=0)  # doctest: +SKIP
@@ -155,8 +158,13 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
                  f"(under the {100 * cfg.max_malformed_share:g}% limit): {skipped.summary()}")
         if len(res.samples) < num_samples:
             warn(f"{path}: {len(res.samples)} samples drawn, {num_samples} asked (the log has no more distinct rows)")
+        if record is not None:
+            record.update(source=res.manifest["source"], sample_content=res.manifest["sample_content"])
         return res.input_ids
     manifest, samples = read_output(path)
+    if record is not None and manifest.get("sample_content") is not None:
+        # the saved set's hashes: a superset of the subset drawn below when fewer are asked for
+        record.update(source=manifest["source"], sample_content=manifest["sample_content"])
     chosen = _stratified_subset(samples, num_samples, seed)
     if len(chosen) < num_samples:
         warn(f"{path}: holds {len(chosen)} samples, {num_samples} asked; using all")

@@ -45,19 +45,27 @@ class BusinessRows:
 
 
 def sample_hashes(sample: str | Path) -> tuple[set[str], dict]:
-    """The content hashes a calibration sample holds (a sampler folder or its manifest.json)."""
+    """The content hashes a calibration sample holds: a sampler folder or its manifest.json, or
+    a converted checkpoint (or its quantization_log.json) whose calibration was drawn from a log."""
     path = Path(sample)
-    manifest = path / "manifest.json" if path.is_dir() else path
+    if path.is_dir():
+        path = path / ("quantization_log.json" if (path / "quantization_log.json").exists() else "manifest.json")
     try:
-        data = json.loads(manifest.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise QuantkitError(f"--calib-sample: {manifest}: not a readable calibration manifest "
+        raise QuantkitError(f"--calib-sample: {path}: not a readable calibration manifest "
                             f"({type(e).__name__})") from None
-    held = (data.get("sample_content") or {}).get("selected") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        raise QuantkitError(f"--calib-sample: {path}: not a calibration manifest (no JSON object)")
+    checkpoint = isinstance(data.get("calibration"), dict) and "quantkit_version" in data
+    if checkpoint:
+        data = data["calibration"]   # a checkpoint's log: the set it was converted with
+    held = (data.get("sample_content") or {}).get("selected")
     if not isinstance(held, list):
-        raise QuantkitError(f"--calib-sample: {manifest}: no sample_content hashes (a manifest older than "
-                            "version 2: draw the set again with quantkit calibrate)")
-    return set(held), {"manifest": str(manifest), "source_sha256": (data.get("source") or {}).get("sha256")}
+        why = ("the checkpoint's calibration was not drawn from a log by this quantkit" if checkpoint else
+               "a manifest older than version 2: draw the set again with quantkit calibrate")
+        raise QuantkitError(f"--calib-sample: {path}: no sample_content hashes ({why})")
+    return set(held), {"manifest": str(path), "source_sha256": (data.get("source") or {}).get("sha256")}
 
 
 def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,

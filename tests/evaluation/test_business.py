@@ -175,3 +175,34 @@ def test_generation_starts_from_the_rows_own_prompt_cut_to_its_last_tokens(chat_
     whole = chat_tok(item["gen_prompt"])["input_ids"]
     assert len(whole) > 40 and prompt == whole[-40:]
     assert chat_tok.decode(prompt).endswith("<|im_start|>assistant\n")   # the reply is what comes next
+
+
+def test_a_checkpoint_log_of_a_drawn_set_excludes_the_same_rows(log_and_sample, chat_tok, tmp_path):
+    # what `quantkit convert --calib LOG` keeps: the on-the-fly draw's hashes, in quantization_log.json
+    from quantkit.calibration import load_calibration
+    log, calib, sampled = log_and_sample
+    record: dict = {}
+    ids = load_calibration(log, tiny_tokenizer(), num_samples=10, max_seq_len=512, seed=4, record=record)
+    assert len(ids) == 10 and record["source"]["name"] == "traffic.jsonl"
+    held_saved, _ = sample_hashes(calib)
+    assert set(record["sample_content"]["selected"]) == held_saved   # the same draw as the saved one
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "quantization_log.json").write_text(json.dumps(
+        {"quantkit_version": "x", "calibration": {"num_samples": 10, **record}}))
+    held, check = sample_hashes(ckpt)
+    assert held == held_saved and check["manifest"].endswith("quantization_log.json")
+    got = read_business(log, chat_tok, rows_per_task=100, calibration_sample=ckpt)
+    assert got.summary["tasks"]["support"]["in_calibration"] == 11   # the 10 drawn rows and the re-spaced copy
+    # a sampler folder passed as the source records its saved set
+    again: dict = {}
+    load_calibration(calib, tiny_tokenizer(), num_samples=10, max_seq_len=512, record=again)
+    assert set(again["sample_content"]["selected"]) == held_saved
+
+
+def test_a_checkpoint_converted_without_a_drawn_log_is_one_line(tmp_path):
+    (tmp_path / "quantization_log.json").write_text(json.dumps(
+        {"quantkit_version": "x", "calibration": {"num_samples": 128, "num_tokens": 1000}}))
+    with pytest.raises(QuantkitError, match=r"^--calib-sample: .*quantization_log.json: no sample_content hashes "
+                                            r"\(the checkpoint's calibration was not drawn"):
+        sample_hashes(tmp_path)
