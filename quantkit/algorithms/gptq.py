@@ -126,12 +126,14 @@ def inverse_hessian_factor(H: torch.Tensor, dampening_frac: float, max_retries: 
         Hd = H.clone()
         Hd.diagonal().add_(damping * mean_diag)
         L, info = torch.linalg.cholesky_ex(Hd)
+        del Hd   # n x n matrices alive at once are the solve's peak (16 MiB each at n = 2048)
         pivots_ok = int(info) == 0 and bool(torch.isfinite(L).all())
         if pivots_ok:
             min_pivot = float(torch.diagonal(L).pow(2).min())
             pivots_ok = min_pivot >= max(0.5 * damping, floor) * mean_diag
         if pivots_ok:
             Hinv = torch.cholesky_inverse(L)
+            del L
             U, info = torch.linalg.cholesky_ex(Hinv, upper=True)
             if int(info) == 0 and bool(torch.isfinite(U).all()):
                 return InverseHessian(U, damping, attempt)
@@ -195,7 +197,8 @@ def _one_thread(device: torch.device):
 
 def _output_error(delta: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
     """Per row ``delta H delta^T / 2``: the mean over tokens of the squared output error."""
-    return ((delta @ H) * delta).sum(dim=1) / 2
+    product = delta @ H
+    return product.mul_(delta).sum(dim=1) / 2   # in place: one [rows, cols] matrix less at the solve's peak
 
 
 def quantize_weight(
@@ -326,7 +329,8 @@ def _quantize_weight(
 
     if perm is not None:
         W = W[:, perm]
-        H = H[perm][:, perm]
+        H = H[perm]
+        H = H[:, perm]   # the unpermuted copy freed first: one n x n matrix less at once
         group_of_pos = group_of_col[perm] if group_of_col is not None else None
     else:
         group_of_pos = group_of_col
@@ -377,9 +381,14 @@ def _quantize_weight(
     W_in = W_in.to(GPTQ_PRECISION)
     with _one_thread(W_in.device):  # the range search is many small operations
         rtn_q, rtn_s, rtn_z = rtn_quantize_weight(W_in.to(out_dtype), args)
-    rtn_delta = W_in - dequantize(rtn_q, rtn_s, rtn_z, args).to(GPTQ_PRECISION)
-    # one product for the three health figures (one GEMM runs faster than three small ones)
-    row_loss, row_rtn_loss, row_energy = _output_error(torch.cat([W_in - Q, rtn_delta, W_in]), H_obj).split(rows)
+    # one product for the three health figures (one GEMM runs faster than three small ones), its
+    # operands written straight into it: no separate copies of the deltas at the solve's peak
+    deltas = torch.empty(3 * rows, cols, dtype=GPTQ_PRECISION, device=W_in.device)
+    torch.sub(W_in, Q, out=deltas[:rows])
+    torch.sub(W_in, dequantize(rtn_q, rtn_s, rtn_z, args).to(GPTQ_PRECISION), out=deltas[rows:2 * rows])
+    deltas[2 * rows:] = W_in
+    row_loss, row_rtn_loss, row_energy = _output_error(deltas, H_obj).split(rows)
+    del deltas
     return GPTQResult(
         q=codes, scale=scale, zero_point=zp, g_idx=g_idx, w_hat=Q.to(out_dtype),
         row_loss=row_loss, row_rtn_loss=row_rtn_loss, row_energy=row_energy,

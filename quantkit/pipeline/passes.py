@@ -29,6 +29,7 @@ from ..kv_cache import KVObserver
 from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
+from .memory import own_maps
 from .store import ActivationStore, ArgumentStore
 
 
@@ -108,7 +109,9 @@ class CalibrationPasses:
         try:
             with torch.no_grad(), observing:
                 if interleaved:
-                    self.interleaver.run([functools.partial(call, j) for j in order], before=lambda k: select(order[k]))
+                    with own_maps():   # every paused batch's intermediates live at once: no holes between them
+                        self.interleaver.run([functools.partial(call, j) for j in order],
+                                             before=lambda k: select(order[k]))
                 else:
                     for j in order:
                         select(j)
