@@ -115,6 +115,16 @@ def merge_max(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, to
     return {n: flat[k].to(like.device) for k, n in enumerate(names) if float(flat[k]) >= 0}
 
 
+def smallest(value: int) -> int:
+    """The smallest of every rank's ``value``: one decision all ranks take (a batch size read
+    from each rank's free memory could otherwise differ, and with it the batches)."""
+    if world_size() == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.int64, device=_comm_device(torch.zeros(())))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
 def check_data_parallel(recipe, resume: bool) -> None:
     """What data-parallel calibration does not merge yet, refused before any work (one line)."""
     from .recipe import Recipe

@@ -66,7 +66,9 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         # "b" observed only on rank 1, "c" nowhere: maxima over ranks, the unobserved stays absent
         amax = {"a": torch.tensor(float(rank + 1))} | ({"b": torch.tensor(5.0)} if rank == 1 else {})
         maxima = distributed.merge_max(amax, ["a", "b", "c"])
-        torch.save({"local": H, "merged": merged, "total": total, "maxima": maxima}, f"{out}/rank{rank}.pt")
+        agreed = distributed.smallest(100 + rank)   # a batch size each rank read from its free memory
+        torch.save({"local": H, "merged": merged, "total": total, "maxima": maxima, "agreed": agreed},
+                   f"{out}/rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
 
@@ -86,6 +88,7 @@ def test_two_rank_hessian_equals_the_one_rank_hessian(tmp_path):
         torch.testing.assert_close(g["merged"], H, rtol=1e-5, atol=1e-6)
         assert not torch.allclose(g["local"], H, rtol=1e-2)                 # each rank alone is far from it
         assert {k: float(v) for k, v in g["maxima"].items()} == {"a": 2.0, "b": 5.0}
+        assert g["agreed"] == 100
     assert torch.equal(got[0]["merged"], got[1]["merged"])                 # every rank solves from the same H
 
 

@@ -313,6 +313,8 @@ def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, 
         batch_tokens = at.batch_tokens   # auto_batch_tokens reads the free memory: it can differ now
     else:
         batch_tokens = recipe.calibration.batch_tokens or auto_batch_tokens(config, device)
+    # every rank must make the same batches and the same lockstep decision (free memory differs)
+    batch_tokens = distributed.smallest(batch_tokens)
     chunks = make_chunks(samples, min(batch_tokens, _batches.MICRO_BATCH_TOKENS), packed=spec.packed_calibration)
     # the whole set in memory at once: an interleaved pass can run (LayerContext)
     single_pass = sum(c.input_ids.numel() for c in chunks) <= batch_tokens
