@@ -122,10 +122,11 @@ def _as_dir(p) -> Path | None:
 
 
 def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, tokenizer_dir: Path | None,
-                        warn: Callable[[str], None] | None = None):
+                        warn: Callable[[str], None] | None = None, record: dict | None = None):
     """Token-id samples for the pipeline from a path, a list of texts, token lists, or the default.
 
-    ``warn`` receives what the calibration reader reports (rows skipped, fewer samples)."""
+    ``warn`` receives what the calibration reader reports (rows skipped, fewer samples);
+    ``record`` what a log or sampler folder's draw holds (``load_calibration``)."""
     settings = recipe.calibration
     if source is None:
         source = settings.dataset
@@ -139,7 +140,7 @@ def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, 
     from .calibration import load_calibration
 
     return load_calibration(source, tok, settings.num_samples, settings.max_seq_len, settings.seed, warn=warn,
-                            policy=settings.policy)
+                            policy=settings.policy, record=record)
 
 
 def _tokenizer(folder: Path | None):
@@ -224,10 +225,11 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
 
             plan_source = check_mixed(recipe, config)
         samples = None
+        drawn: dict = {}   # the drawn set's source and content hashes, for the checkpoint's log
         # a sensitivity search scores calibration text even for a recipe that takes none
         searching = recipe.mixed is not None and isinstance(plan_source, list)
         if recipe.needs_calibration or searching:
-            samples = resolve_calibration(calibration, recipe, folder, warn)
+            samples = resolve_calibration(calibration, recipe, folder, warn, record=drawn)
             kv = recipe.kv_cache
             if kv is not None and kv.long_rows:
                 origin = calibration if calibration is not None else recipe.calibration.dataset
@@ -262,7 +264,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             copy_side_files(folder, writer.tmp)
             if planned:
                 _write_plan(writer, *planned)
-            _record_warnings(writer, warnings)
+            _record_log(writer, warnings, drawn)
             shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
         except KeyboardInterrupt:
             if book is not None and book.layers_done > 0:
@@ -362,6 +364,10 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
         warn(f"ignore: '{pattern}' matches no Linear module of the model, so it keeps nothing in high precision{like}")
 
 
-def _record_warnings(writer: ShardWriter, warnings: list[str]) -> None:
+def _record_log(writer: ShardWriter, warnings: list[str], drawn: dict) -> None:
+    """The run's warnings, and the calibration set's source and content hashes (never its text:
+    an evaluation's business slices leave those rows out, ``--calib-sample CHECKPOINT``)."""
     path = writer.tmp / "quantization_log.json"
-    writer.write_json(path.name, {**json.loads(path.read_text(encoding="utf-8")), "warnings": list(warnings)})
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data["calibration"] = {**data["calibration"], **drawn}
+    writer.write_json(path.name, {**data, "warnings": list(warnings)})

@@ -128,7 +128,7 @@ def convert(
         if go:
             _say_smallest_go(path)
         elif not no_eval:
-            _maybe_eval(model, path, r)
+            _maybe_eval(model, path, r, calib)
     except QuantkitError as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -177,7 +177,7 @@ def _smallest_go(model, r, calib, out: Path, no_eval: bool, resume: bool, ignore
         raise QuantkitError("--budget go: --resume continues one conversion, not a search; drop --resume")
 
     def verdict(folder: Path) -> str:
-        report = evaluate_checkpoint(model, folder, r)
+        report = evaluate_checkpoint(model, folder, r, calib)
         return json.loads((report / "report.json").read_text(encoding="utf-8"))["decision"]
 
     convert = partial(quantize, ignore=ignore or (), device=device, progress=progress,
@@ -218,12 +218,12 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
     raise typer.Exit(code=128 + sig)
 
 
-def _maybe_eval(model, path: Path, recipe) -> None:
+def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
     try:
         from .evaluation import evaluate_checkpoint  # arrives with the evaluation harness
     except ImportError:
         return
-    evaluate_checkpoint(model, path, recipe)
+    evaluate_checkpoint(model, path, recipe, calib)
 
 
 @app.command()

@@ -136,9 +136,20 @@ def _checkpoint_bits(ckpt: Path) -> str | None:
     return None
 
 
-def evaluate_checkpoint(model, path: Path, recipe) -> Path:
-    """What ``quantkit convert`` runs after writing ``path``: the report goes to ``path/eval``."""
-    result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}))
+def evaluate_checkpoint(model, path: Path, recipe, calib: str | Path | None = None) -> Path:
+    """What ``quantkit convert`` runs after writing ``path``: the report goes to ``path/eval``.
+
+    ``calib``, the user's traffic log the conversion drew its calibration set from, adds the
+    business slices, without the drawn rows (their hashes are in ``path/quantization_log.json``).
+    A sampler folder does not name its log: then a line says how to evaluate them."""
+    log = _drawn_log(path, calib)
+    if calib is not None and log is None:
+        folder = Path(calib).is_dir()
+        why = "a sampler folder does not name its log" if folder else "no calibration set was drawn from it"
+        typer.echo(f"evaluation: no business slices from {calib} ({why}); add them with: quantkit eval "
+                   f"--candidate {path} --calib LOG" + (f" --calib-sample {calib}" if folder else ""))
+    result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}),
+                            calibration_log=log, calibration_sample=path if log is not None else None)
     out = result.save(Path(path) / "eval")
     typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
     for w in result.warnings:
@@ -146,6 +157,18 @@ def evaluate_checkpoint(model, path: Path, recipe) -> Path:
     for line in integrity_lines(result):
         typer.echo(f"  {line}")
     return out
+
+
+def _drawn_log(path: Path, calib: str | Path | None) -> Path | None:
+    """``calib`` when the checkpoint's calibration set was drawn from it (a log file, not a sampler
+    folder), so its business slices can leave those rows out."""
+    if calib is None or not Path(calib).is_file():
+        return None
+    try:
+        drawn = json.loads((Path(path) / "quantization_log.json").read_text(encoding="utf-8"))["calibration"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return Path(calib) if (drawn.get("sample_content") or {}).get("selected") is not None else None
 
 
 def integrity_lines(result, most: int = 10) -> list[str]:

@@ -1,5 +1,6 @@
 """`quantkit eval` end to end on a tiny model: the candidate is a real quantkit checkpoint
 (W8A16, packed, loaded as QuantLinear modules)."""
+import copy
 import json
 
 import pytest
@@ -106,3 +107,39 @@ def test_the_footprint_uses_the_checkpoints_kv_cache(folders, tok):
     assert plain["kv_dtype"] == "fp16" and fp["kv_dtype"] == "fp8-head"
     assert fp["kv_bytes_per_token"] * 2 == plain["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 2  # 2 layers, 2 heads x 16
     assert fp["concurrency"] >= 2 * plain["concurrency"] - 1
+
+
+def test_convert_with_a_log_evaluates_its_tasks_without_the_drawn_rows(base, tmp_path, capsys):
+    # `quantkit convert --calib LOG` evaluates the user's tasks: the drawn rows' hashes travel in
+    # quantization_log.json and the business slices leave them out
+    from test_business import CHATML, _conversation
+    from tiny import tiny_tokenizer
+    tok = tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = CHATML
+    model_dir = tmp_path / "base"
+    model = copy.deepcopy(base)   # the session's model stays as it is
+    model.resize_token_embeddings(len(tok))
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    log = tmp_path / "traffic.jsonl"
+    log.write_text("".join(json.dumps({"id": f"r{i}", "messages": _conversation(i), "task": "support"}) + "\n"
+                           for i in range(40)))
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "algorithm": {"name": "gptq"},
+                                      "calibration": {"num_samples": 8, "max_seq_len": 256},
+                                      "eval": {**EVAL, "suite": "numbers-en", "max_len": 256}}))
+    r = load_recipe(recipe)
+    q = quantkit.quantize(str(model_dir), r, str(log))
+    q.save(tmp_path / "ckpt")
+    drawn = json.loads((tmp_path / "ckpt" / "quantization_log.json").read_text())["calibration"]
+    assert len(drawn["sample_content"]["selected"]) == 8 and "text" not in json.dumps(drawn)
+    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(log))
+    data = json.loads((out / "report.json").read_text())
+    assert "business:support" in data["slices"]
+    counts = data["meta"]["business"]["tasks"]["support"]
+    assert counts["rows"] == 40 and counts["in_calibration"] == 8
+    # a sampler folder does not name its log: no business slices, and a line says how to add them
+    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(tmp_path))
+    assert not any(k.startswith("business:") for k in json.loads((out / "report.json").read_text())["slices"])
+    assert "no business slices from" in capsys.readouterr().out
