@@ -115,6 +115,16 @@ def merge_max(values: dict[str, torch.Tensor], names: list[str]) -> dict[str, to
     return {n: flat[k].to(like.device) for k, n in enumerate(names) if float(flat[k]) >= 0}
 
 
+def merge_sum(counts: list[int]) -> list[int]:
+    """Every rank's ``counts`` summed position by position (tokens per expert: each rank saw
+    its own batches). ``counts`` must have the same length on every rank."""
+    if world_size() == 1:
+        return counts
+    t = torch.tensor(counts, dtype=torch.int64, device=_comm_device(torch.zeros(())))
+    dist.all_reduce(t)
+    return [int(v) for v in t.tolist()]
+
+
 def smallest(value: int) -> int:
     """The smallest of every rank's ``value``: one decision all ranks take (a batch size read
     from each rank's free memory could otherwise differ, and with it the batches)."""

@@ -288,3 +288,37 @@ def test_gptq_rerunning_the_layer_per_batch_covers_the_experts_alike(starved, tm
     assert log["moe_coverage"]["layers"][layer]["calibrated"] == [128, 128, 0, 0]
     assert log["modules"][f"{layer}.1.w2"]["tokens"] == 128 and log["modules"][f"{layer}.2.w2"]["tokens"] == 0
     assert log["modules"][f"{layer}.2.w2"]["dead_columns"] == 0
+
+
+def _two_rank_coverage(rank: int, world: int, port: int, src: str, out: str) -> None:
+    import os
+
+    from quantkit import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rec = {"scheme": "W4A16", "group_size": 32, "algorithm": "gptq",
+               "calibration": {"moe_experts": "routed", "batch_tokens": 64, "moe_min_tokens": 8}}
+        q = quantkit.quantize(src, rec, calibration=CALIB)
+        if distributed.is_writer():
+            q.save(out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_count_every_ranks_tokens_in_the_coverage_table(starved, tmp_path):
+    """Each rank routes only its own batch; the table rank 0 writes sums both ranks' tokens."""
+    import torch.multiprocessing as mp
+
+    from quantkit import distributed
+
+    src = starved["MixtralForCausalLM"]
+    mp.start_processes(_two_rank_coverage, args=(2, distributed.free_port(), str(src), str(tmp_path / "two")),
+                       nprocs=2, join=True, start_method="fork")
+    log = json.loads((tmp_path / "two" / "quantization_log.json").read_text())
+    layer = "model.layers.0.block_sparse_moe.experts"
+    # two batches of 64 positions (two rows each), one per rank: 128 tokens, as one rank counts them
+    assert log["moe_coverage"]["layers"][layer]["calibrated"] == [128, 128, 0, 0]
+    assert sum(log["moe_coverage"]["layers"][layer]["routed"]) == 2 * 128
+    assert log["moe_coverage"]["under_min"][layer] == [2, 3]

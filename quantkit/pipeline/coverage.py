@@ -50,8 +50,12 @@ class Routing:
         return routed, seen
 
 
-def coverage_entry(routing: Routing, min_tokens: int) -> dict[str, Any]:
+def coverage_entry(routing: Routing, min_tokens: int,
+                   merge: Callable[[list[int]], list[int]] = lambda counts: counts) -> dict[str, Any]:
     """One layer's row: tokens routed to and calibrated on per expert; those under ``min_tokens``.
+
+    ``merge`` adds the other ranks' counts under data-parallel calibration (each rank routed
+    only its own batches; ``distributed.merge_sum``).
 
     >>> import contextlib
     >>> r = Routing(3, False, lambda: None, lambda: 0, contextlib.nullcontext)
@@ -59,7 +63,7 @@ def coverage_entry(routing: Routing, min_tokens: int) -> dict[str, Any]:
     >>> coverage_entry(r, 8)
     {'routed': [5, 0, 40], 'calibrated': [5, 0, 40], 'under_min': [0, 1]}
     """
-    routed, seen = routing.totals()
+    routed, seen = (merge(c) for c in routing.totals())
     return {"routed": routed, "calibrated": seen, "under_min": [e for e, n in enumerate(seen) if n < min_tokens]}
 
 

@@ -243,7 +243,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
                 observed = ctx.observed
             passes.hidden.advance()
         for name, routing in routings.items():
-            lg.experts[name] = coverage_entry(routing, recipe.calibration.moe_min_tokens)
+            lg.experts[name] = coverage_entry(routing, recipe.calibration.moe_min_tokens, distributed.merge_sum)
         _unroute(layer)
 
         observed = distributed.merge_max(observed, [n for n, (_, s) in targets.items()
