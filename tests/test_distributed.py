@@ -2,10 +2,18 @@
 
 The tolerance (the same in benchmarks/distributed.py and docs/DESIGN.md): the ranks merge
 the same statistics in another summation order, so GPTQ sees Hessians that differ in the
-last float32 bits. Every tensor that is not a quantized target's is bit-identical; of the
-int4 codes at most ``CODE_SHARE`` differ, each by one step; scales agree to ``SCALE_RTOL``.
-That holds for this tiny model (measured: no code differs); on SmolLM2 true-sequential GPTQ
-amplifies the rounding-level difference layer by layer and it does not (benchmarks/RESULTS.md).
+last float32 bits. Every tensor that is not a quantized target's is bit-identical. On a
+real model the quantized targets are held to quality, not to their codes: the 2-rank
+checkpoint's held-out perplexity within ``PPL_RTOL`` and its mean KL to the float model
+within ``KL_RTOL`` of the 1-rank one's (tests/checkpoint_diff.py). Codes are no measure
+there: one process that only groups its calibration batches differently changes about 15%
+of SmolLM2's codes, as many as 2 ranks do (benchmarks/RESULTS.md); true-sequential GPTQ
+amplifies any rounding-level difference layer by layer. That quality case is checked by
+benchmarks/distributed.py, not here: one SmolLM2 conversion alone takes minutes on a core.
+This tiny model is still held to its codes, as a regression guard: at most ``CODE_SHARE``
+differ, each by one step; scales agree to ``SCALE_RTOL`` (measured: no code differs). Only
+against a 1-rank reference run with 2 threads, which the test sets: with 1 thread 5.2% of the
+tiny model's codes differ (up to 2 steps), the same summation-order effect.
 """
 
 from __future__ import annotations
@@ -113,7 +121,14 @@ def work(tmp_path_factory) -> Path:
 def test_two_gloo_ranks_give_the_one_rank_checkpoint_and_only_rank_0_writes(work, tmp_path):
     import quantkit
 
-    one = quantkit.quantize(work / "model", work / "recipe.yaml", work / "calib.txt").save(work / "one")
+    # the reference runs 2 threads whatever the pytest process has: with 1 thread the summation
+    # order differs again and so do 5.2% of this model's codes (up to 2 steps; measured)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = quantkit.quantize(work / "model", work / "recipe.yaml", work / "calib.txt").save(work / "one")
+    finally:
+        torch.set_num_threads(threads)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
