@@ -384,10 +384,34 @@ def make_single_pass_ctx(scheme: QuantScheme, layer: nn.Module, inputs: list[tor
     return ctx, calls, outputs
 
 
+def make_rerun_ctx(scheme: QuantScheme, layer: nn.Module, inputs: list[torch.Tensor]):
+    """The per-sub-group path over the same one batch ``make_single_pass_ctx`` runs: a layer
+    pass per sub-group, nothing else different (not even the Hessians' summation order)."""
+    batch = torch.cat(inputs)
+    calls = []
+
+    def run():
+        calls.append(1)
+        with torch.no_grad():
+            layer(batch)
+
+    targets = {n: (getattr(layer, n), scheme) for group in SUBGROUPS for n in group}
+    ctx = LayerContext(0, "model.layers.0", layer, targets, SUBGROUPS, run, num_samples=len(inputs),
+                       num_tokens=batch.shape[0] * batch.shape[1])
+    return ctx, calls
+
+
 @pytest.mark.parametrize("actorder", [None, "weight", "group"])
 def test_single_pass_equals_true_sequential_reruns(actorder):
+    """Solving each linear inside one forward pass gives what one pass per sub-group gives.
+
+    Both see the same single batch, so every Hessian is summed in the same order and the
+    results must be identical. (Over six batches against one they differ by summation order
+    only, and on this tiny layer o_proj's small Hessian turns that into up to 21% of its codes
+    and 5% of its loss, depending on the CPU's BLAS kernels: nothing a test can bound.)"""
     scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16, actorder=actorder))
-    rerun_ctx, _, inputs, rerun_calls = make_ctx(scheme)
+    _, _, inputs, _ = make_ctx(scheme)
+    rerun_ctx, rerun_calls = make_rerun_ctx(scheme, TinyLayer(), inputs)
     rerun = GPTQ(true_sequential=True).quantize_layer(rerun_ctx)
     assert len(rerun_calls) == 4 and not rerun_ctx.propagated
 
@@ -400,11 +424,8 @@ def test_single_pass_equals_true_sequential_reruns(actorder):
         assert torch.equal(outputs[0], layer(torch.cat(inputs)))
     for name in SUBGROUPS[0] + SUBGROUPS[1] + SUBGROUPS[2] + SUBGROUPS[3]:
         a, b = one[name], rerun[name]
-        # same inputs up to summation order (one batch against six calls); a flipped code
-        # changes the error fed to later columns (and act-order ties), so more follow; the loss
-        # agrees (measured: codes differ <= 9%, loss <= 0.7%; without true-sequential 28% and 8%)
-        assert float((a.q != b.q).float().mean()) < 0.12, name
-        assert a.stats["loss"] == pytest.approx(b.stats["loss"], rel=0.01), name
+        assert torch.equal(a.q, b.q) and torch.equal(a.scale, b.scale), name
+        assert a.stats["loss"] == b.stats["loss"], name
         assert torch.equal(getattr(layer, name).weight.data,
                            a.dequantized(scheme.weights, torch.float32))
         assert a.stats["subgroup"] == b.stats["subgroup"]
