@@ -49,7 +49,9 @@ def materialize(module: nn.Module, prefix: str, source, device: str = "cpu") -> 
 
 
 def dematerialize(module: nn.Module) -> None:
-    for name, p in list(module.named_parameters(recurse=True)):
+    # every name of a tied parameter (a tied head is the embedding's Parameter under a second
+    # name): deduplicated names left the head holding the real embedding (108 MiB on SmolLM2)
+    for name, p in list(module.named_parameters(recurse=True, remove_duplicate=False)):
         owner = module.get_submodule(name.rsplit(".", 1)[0]) if "." in name else module
         leaf = name.rsplit(".", 1)[-1]
         setattr(owner, leaf, nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False))
