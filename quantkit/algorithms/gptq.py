@@ -548,7 +548,9 @@ class GPTQ(Algorithm):
         linear. The first linear of a sub-group to run is solved stacked with the sub-group's
         other linears (q/k/v, gate/up normally read the very same tensor: one Hessian, one
         factorisation); when one of them is then called with a different tensor, its
-        provisional result is discarded and it is solved on its own input. A Hessian is
+        provisional result is discarded and it is solved on its own input; when the first batch
+        to reach it reads the assumed input, the result is confirmed there and no batch pauses
+        at it (a later batch reading anything else is an error). A Hessian is
         dropped when the next input is complete. The pass's output is the quantized layer's
         output, so the pipeline propagates it as is.
         """
@@ -564,13 +566,14 @@ class GPTQ(Algorithm):
         # batch's input of every linear alive to the pass's end (SmolLM2, 16 batches of 4096 tokens:
         # about 800 MiB, most of the pass's peak); a tensor that was freed cannot be the one arriving
         per_batch: dict[int | None, dict[str, weakref.ref | None]] = {}
+        confirmed: dict[str, str] = {}           # stacked results confirmed at the first arrival: their leader
+        called: dict[str, set[int | None]] = {}  # per linear, the batches that reached it
 
         def finish(name: str) -> None:
             """All batches reached ``name``'s pre-hook: solve it (unless a stacked solve did)."""
             kinds = set(arrivals.pop(name))
             if len(kinds) != 1:
-                raise QuantkitError(f"{ctx.name}.{name}: reads a shared input in some calibration batches and "
-                                    "not in others; set algorithm.true_sequential: false")
+                raise mixed(name)
             kind = kinds.pop()
             module = ctx.targets[name][0]
             if name in provisional:
@@ -596,20 +599,38 @@ class GPTQ(Algorithm):
                 m.weight.data = qw.dequantized(scheme.weights, m.weight.dtype)
             results[name], leader_of[name] = solved[name][0], current["leader"]
 
+        def mixed(name: str) -> QuantkitError:
+            return QuantkitError(f"{ctx.name}.{name}: reads a shared input in some calibration batches and "
+                                 "not in others; set algorithm.true_sequential: false")
+
         def hook_for(name: str):
             def hook(module: nn.Module, inputs: tuple) -> None:
-                if name in results:
+                batch = ctx.batch_index()
+                callers = called.setdefault(name, set())
+                if batch in callers:
                     raise QuantkitError(f"{ctx.name}.{name}: called twice in one layer pass; "
                                         "set algorithm.true_sequential: false")
+                callers.add(batch)
                 x = inputs[0]
-                seen = per_batch.setdefault(ctx.batch_index(), {"": None})  # "": the last input
+                seen = per_batch.setdefault(batch, {"": None})  # "": the last input
 
                 def held(key: str) -> torch.Tensor | None:
                     ref = seen.get(key)
                     return None if ref is None else ref()
 
+                if name in confirmed:   # an earlier batch confirmed the stacked solve's input
+                    if held(confirmed[name]) is not x:
+                        raise mixed(name)
+                    return
                 if name in provisional and held(provisional[name][2]) is x:
                     kind = "assumed"
+                    if name not in arrivals:
+                        # The first batch here reads the input the stacked solve assumed, whose
+                        # result is already swapped in: confirm it now, no pause (a pause kept
+                        # every batch's act(gate) alive at up_proj); any later batch must agree.
+                        qw, _, leader = provisional.pop(name)
+                        results[name], leader_of[name], confirmed[name] = qw, leader, leader
+                        return
                 elif held("") is x:
                     kind = "last"
                 else:
@@ -618,7 +639,7 @@ class GPTQ(Algorithm):
                     acc = pending.setdefault(name, [None, 0])
                     acc[0], acc[1] = accumulate_hessian(ctx.tokens(x.detach()), acc[0], acc[1])
                 arrivals.setdefault(name, []).append(kind)
-                ctx.sync(name, lambda: finish(name))
+                ctx.sync(name, lambda: finish(name), park=(x,))
             return hook
 
         handles = [ctx.targets[n][0].register_forward_pre_hook(hook_for(n)) for n in subgroup_of]
@@ -631,6 +652,7 @@ class GPTQ(Algorithm):
             provisional.clear()
             pending.clear()
             per_batch.clear()
+            confirmed.clear()
         missing = [n for n in subgroup_of if n not in results]
         if missing:
             raise QuantkitError(f"{ctx.name}.{missing[0]}: never called during calibration (no Hessian)")
