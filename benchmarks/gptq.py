@@ -170,7 +170,8 @@ def worker_quantkit(spec: dict) -> dict:
         observer = spec.get("observer", "minmax") if spec["algorithm"] == "gptq" else "minmax"
         recipe = {"version": 1, "config_groups": scheme_dict(spec["group_size"], spec.get("actorder"), observer),
                   "ignore": ["lm_head"], "algorithm": {"name": spec["algorithm"], **spec.get("options", {})},
-                  "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"]}}
+                  "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"],
+                                  "offload": bool(spec.get("offload"))}}
         t0, c0 = time.perf_counter(), time.process_time()
         q = quantkit.quantize(folder, recipe, calibration=calib if spec["algorithm"] != "rtn" else None,
                               workdir=spec["workdir"])
@@ -250,6 +251,8 @@ def main() -> None:
     ap.add_argument("--observer", choices=["minmax", "mse"], default="minmax",
                     help="weight range observer of every GPTQ run, both toolkits (RTN stays min-max)")
     ap.add_argument("--true-sequential", choices=["default", "on", "off", "both"], default="default")
+    ap.add_argument("--offload", choices=["off", "on", "both"], default="off",
+                    help="quantkit GPTQ with calibration.offload (hidden states and paused batches in files)")
     ap.add_argument("--no-llmc", action="store_true", help="skip llm-compressor")
     ap.add_argument("--llmc-python", default=str(ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200, help="seconds per subprocess")
@@ -295,8 +298,9 @@ def main() -> None:
         opts = {} if t is None else {"true_sequential": t}
         suffix = "" if t is None else ("-trueseq" if t else "-oneshot")
         for order in orders:
-            run(f"quantkit-gptq{suffix}-actorder-{order or 'none'}", "quantkit", variant="q", algorithm="gptq",
-                options=opts, actorder=order)
+            for offload in {"off": [False], "on": [True], "both": [False, True]}[a.offload]:
+                run(f"quantkit-gptq{suffix}{'-offload' if offload else ''}-actorder-{order or 'none'}", "quantkit",
+                    variant="q", algorithm="gptq", options=opts, actorder=order, offload=offload)
     llmc = Path(a.llmc_python)
     if not a.no_llmc and llmc.exists():
         run(f"llmc-gptq-actorder-{orders[0] or 'none'}", "llmc", python=str(llmc), actorder=orders[0] or "")

@@ -8,7 +8,7 @@ in blocks that have maps of their own, and the process's ``ru_maxrss``. It stops
 layers. The tokenizer loads in the same process, so the baseline is higher than the benchmark's
 worker's.
 
-    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/sync_memory.py --layers 2
+    OMP_NUM_THREADS=1 taskset -c 0 .venv/bin/python benchmarks/sync_memory.py --layers 2 [--offload]
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--offload", action="store_true", help="calibration.offload: true (paused batches parked)")
     a = ap.parse_args()
     import torch
 
@@ -67,11 +68,11 @@ def main() -> None:
 
     sync, run = interleave.Interleaver.sync, interleave.Interleaver.run
 
-    def traced_sync(self, key, action):
+    def traced_sync(self, key, action, on_pause=None):
         def traced():
             print(line(f"sync {key}"), flush=True)
             action()
-        return sync(self, key, traced)
+        return sync(self, key, traced, on_pause)
 
     def traced_run(self, calls, before=None):
         run(self, calls, before)
@@ -84,7 +85,8 @@ def main() -> None:
     folder = bench.model_dir("smollm2")
     _, calib, _ = bench.heldout_and_calibration(bench.load_tokenizer(folder), 40, 512, a.samples, 0)
     recipe = {"version": 1, "config_groups": bench.scheme_dict(64, "weight", "minmax"), "ignore": ["lm_head"],
-              "algorithm": {"name": "gptq"}, "calibration": {"num_samples": len(calib), "max_seq_len": 512}}
+              "algorithm": {"name": "gptq"},
+              "calibration": {"num_samples": len(calib), "max_seq_len": 512, "offload": a.offload}}
     print(line("before"), flush=True)
     with tempfile.TemporaryDirectory() as work:
         try:

@@ -38,12 +38,22 @@ class Interleaver:
         """The index of the batch now running inside ``run`` (None outside)."""
         return self._index
 
-    def sync(self, key: str, action: Callable[[], None]) -> None:
-        """Pause this batch until every batch reaches ``key``; ``action`` runs once, then all resume."""
+    def sync(self, key: str, action: Callable[[], None],
+             on_pause: Callable[[], Callable[[], None]] | None = None) -> None:
+        """Pause this batch until every batch reaches ``key``; ``action`` runs once, then all resume.
+
+        ``on_pause()``, when given, runs only if the batch really pauses (inside ``run``), just
+        before; what it returns runs when the batch resumes, even when it is unwound instead.
+        """
         if self._main is None or greenlet.getcurrent() is self._main:
             action()
             return
-        self._main.switch((key, action))
+        resume = on_pause() if on_pause is not None else None
+        try:
+            self._main.switch((key, action))
+        finally:
+            if resume is not None:
+                resume()
 
     def run(self, calls: Sequence[Callable[[], None]], before: Callable[[int], None] | None = None) -> None:
         """Run ``calls`` in lockstep; ``before(j)`` runs before each resumption of call ``j``.

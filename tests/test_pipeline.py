@@ -290,6 +290,39 @@ def test_gptq_batches_in_lockstep_match_one_batch(tiny_llama, tmp_path, monkeypa
     assert _rel(l1, l2) < 0.5 * _rel(l2, l0)  # two near-equal solutions, not two models
 
 
+def test_offloaded_lockstep_parks_paused_batches_and_gives_the_same_checkpoint(tiny_llama, tmp_path, monkeypatch):
+    """With the activations offloaded, a batch paused in the lockstep pass has its linear's
+    input and its layer input in a file until it resumes: the checkpoint is the in-memory one."""
+    from quantkit.pipeline import batches as pipeline
+    from quantkit.pipeline import park as park_mod
+    from quantkit.pipeline import passes
+
+    samples = _varied_samples()
+    recipe = {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq", "true_sequential": True}}
+    monkeypatch.setattr(pipeline, "MICRO_BATCH_TOKENS", 40)   # 5 batches in lockstep
+    monkeypatch.setattr(park_mod, "MIN_PARK_BYTES", 1)        # the tiny model's tensors are small
+    mem = quantkit.quantize(tiny_llama, recipe, calibration=samples)
+    emptied, files = [], set()
+    real = passes.park_tensors
+
+    def counting(tensors, path):
+        restore = real(tensors, path)
+        files.add(path.name)
+        emptied.append(sum(t is not None and t.untyped_storage().nbytes() == 0 for t in tensors))
+        return restore
+
+    monkeypatch.setattr(passes, "park_tensors", counting)
+    recipe["calibration"] = {"offload": True}
+    disk = quantkit.quantize(tiny_llama, recipe, calibration=samples, workdir=tmp_path / "work")
+    layers = AutoConfig.from_pretrained(tiny_llama).num_hidden_layers
+    # q, o, gate and down wait for every batch (k/v/up confirm the stacked solve without a wait)
+    assert len(emptied) == 4 * 5 * layers
+    assert all(n == 2 for n in emptied)   # the linear's input and the layer's input, both parked
+    assert files == {f"parked-{j:06d}.bin" for j in range(5)}
+    a, b = _tensors(mem.save(tmp_path / "mem")), _tensors(disk.save(tmp_path / "disk"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_offloaded_activations_give_the_same_checkpoint(tiny_llama, tmp_path):
     samples = _varied_samples()
     recipe = {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq"},

@@ -67,7 +67,9 @@ class LayerContext:
     algorithm can quantize a linear from all of its calibration inputs inside its hook,
     before the linear runs, and the rest of the layer computes on quantized outputs
     (true-sequential order at the cost of one pass). Outside an interleaved pass ``sync``
-    runs ``action`` at once.
+    runs ``action`` at once. ``sync(key, action, park=(x,))`` lets the pipeline park ``x``
+    (the hook's input) out of memory while its batch waits; ``action`` must not read any
+    batch's tensors, only what the hooks accumulated.
 
     ``forward(propagate=True)`` promises that every target linear holds its final quantized
     weight (exactly ``QuantizedWeight.dequantized``) by the time it runs in that pass; the
@@ -89,7 +91,9 @@ class LayerContext:
     num_batches: int = 0
     tokens: Callable[[torch.Tensor], torch.Tensor] = field(
         default=lambda x: x.reshape(-1, x.shape[-1]))
-    sync: Callable[[str, Callable[[], None]], None] = field(default=lambda key, action: action())
+    # sync(key, action, park=(tensors,)): ``park`` names the pausing batch's tensors that may be
+    # moved out of memory until it resumes (with ``calibration.offload``; pipeline/park.py)
+    sync: Callable[..., None] = field(default=lambda key, action, park=(): action())
     batch_index: Callable[[], int | None] = field(default=lambda: None)
     propagated: bool = False
     # input absmax of static-activation targets, recorded by a propagating pass

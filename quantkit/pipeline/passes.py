@@ -30,6 +30,7 @@ from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
 from .memory import own_maps
+from .park import park as park_tensors
 from .store import ActivationStore, ArgumentStore
 
 
@@ -39,6 +40,7 @@ class CalibrationPasses:
         self.interleaver = Interleaver()
         self._batch: int | None = None
         self._selected: set[int | None] = set()   # batches whose running module sees real tokens only
+        self._inputs: dict[int, torch.Tensor] = {}   # each running batch's layer input
 
     @property
     def count(self) -> int:
@@ -47,6 +49,18 @@ class CalibrationPasses:
     def batch_index(self) -> int | None:
         """The batch now running (None outside a pass)."""
         return self._batch
+
+    def sync(self, key: str, action: Callable[[], None], park: tuple[torch.Tensor, ...] = ()) -> None:
+        """``Interleaver.sync`` for the running batch. With the activations offloaded, a batch that
+        pauses parks ``park`` (its tensors the hook holds) and its layer input in a file of its
+        own until it resumes (``park.py``): paused batches then hold only what the layer's frames
+        keep besides."""
+        folder, j = self.hidden.folder, self._batch
+        if folder is None or j is None:
+            self.interleaver.sync(key, action)
+            return
+        tensors = (*park, self._inputs.get(j))
+        self.interleaver.sync(key, action, on_pause=lambda: park_tensors(tensors, folder / f"parked-{j:06d}.bin"))
 
     def real_tokens(self) -> torch.Tensor | None:
         """The running batch's real-token mask over its flattened positions (None: no padding)."""
@@ -98,7 +112,11 @@ class CalibrationPasses:
 
         def call(j: int) -> None:
             args, kwargs = self.calls.get(i, j)
-            out = layer_output(layer(self.hidden.get(j), *args, **kwargs))
+            x = self._inputs[j] = self.hidden.get(j)   # the call stack holds it anyway: parked at a pause
+            try:
+                out = layer_output(layer(x, *args, **kwargs))
+            finally:
+                del x, self._inputs[j]
             if propagate:
                 self.hidden.put_next(j, out)
 

@@ -361,7 +361,7 @@ def _context(i: int, name: str, layer: nn.Module, targets, spec: ArchSpec, confi
     ctx = LayerContext(i, name, layer, targets, _subgroups(spec, targets), run=run,
                        num_samples=num_samples, num_tokens=num_tokens, single_pass=single_pass,
                        arch=spec, config=config, num_batches=passes.count,
-                       tokens=passes.tokens(name), sync=passes.interleaver.sync, batch_index=passes.batch_index)
+                       tokens=passes.tokens(name), sync=passes.sync, batch_index=passes.batch_index)
     return ctx
 
 

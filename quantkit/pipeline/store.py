@@ -56,7 +56,9 @@ class ActivationStore:
             return self._mem[j]
         from safetensors.torch import load_file
 
-        return load_file(str(self._file(self.generation, j)), device=str(self.device))["hidden"]
+        t = load_file(str(self._file(self.generation, j)), device=str(self.device))["hidden"]
+        # on the CPU, a copy of our own: safetensors' tensor cannot have its storage resized (park.py)
+        return t.clone() if t.device.type == "cpu" else t
 
     def put_next(self, j: int, t: torch.Tensor) -> None:
         self._write(self.generation + 1, j, t)
