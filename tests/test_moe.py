@@ -322,3 +322,28 @@ def test_two_ranks_count_every_ranks_tokens_in_the_coverage_table(starved, tmp_p
     assert log["moe_coverage"]["layers"][layer]["calibrated"] == [128, 128, 0, 0]
     assert sum(log["moe_coverage"]["layers"][layer]["routed"]) == 2 * 128
     assert log["moe_coverage"]["under_min"][layer] == [2, 3]
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_offloaded_lockstep_parks_expert_inputs_and_gives_the_same_checkpoint(arch, tmp_path, monkeypatch):
+    """The lockstep pass over several batches with the activations offloaded: each expert's
+    gathered input is parked while its batch waits, and the checkpoint is the in-memory one."""
+    from quantkit.pipeline import batches as pipeline
+    from quantkit.pipeline import park as park_mod
+    from quantkit.pipeline import passes
+
+    src = make_moe_dir(tmp_path / "src", arch)
+    monkeypatch.setattr(pipeline, "MICRO_BATCH_TOKENS", 32)   # one sample per batch: 4 in lockstep
+    monkeypatch.setattr(park_mod, "MIN_PARK_BYTES", 1)        # the tiny model's tensors are small
+    rec = {"scheme": "W4A16", "group_size": 32, "algorithm": "gptq", "calibration": {"moe_experts": "all"}}
+    lines: list[str] = []
+    mem = quantkit.quantize(src, rec, calibration=CALIB, log=lines.append).save(tmp_path / "mem")
+    assert any("4 batches per layer, all in one pass" in line for line in lines), lines
+    parked = []
+    real = passes.park_tensors
+    monkeypatch.setattr(passes, "park_tensors", lambda tensors, path: parked.append(path) or real(tensors, path))
+    rec["calibration"]["offload"] = True
+    disk = quantkit.quantize(src, rec, calibration=CALIB, workdir=tmp_path / "work").save(tmp_path / "disk")
+    assert len(parked) >= 4 * NUM_EXPERTS * 2   # every batch waits at least at each expert's gate and down
+    a, b = _tensors(mem), _tensors(disk)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
