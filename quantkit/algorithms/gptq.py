@@ -653,6 +653,7 @@ class GPTQ(Algorithm):
             pending.clear()
             per_batch.clear()
             confirmed.clear()
+            called.clear()
         missing = [n for n in subgroup_of if n not in results]
         if missing:
             raise QuantkitError(f"{ctx.name}.{missing[0]}: never called during calibration (no Hessian)")

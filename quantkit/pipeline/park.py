@@ -12,7 +12,7 @@ still hold); only their memory is gone in between. What the layer's frames hold 
 
 Only a tensor that is contiguous, on the CPU, and covers its whole storage is parked: then the
 storage holds exactly its bytes and nothing else in the batch can see a part of it that would
-be lost. Storages that cannot be resized (a tensor over a file map) are left alone. A batch's
+be lost. Storages that cannot be resized (safetensors' tensors, numpy-shared ones) are left alone. A batch's
 parked tensors belong to it alone: while it is paused, nothing may read them (a sync action
 works from what the hooks accumulated, never from a batch's tensors).
 """
@@ -31,8 +31,9 @@ MIN_PARK_BYTES = 1 << 20
 
 def parkable(t: torch.Tensor) -> bool:
     nbytes = t.numel() * t.element_size()
-    return (t.device.type == "cpu" and nbytes >= MIN_PARK_BYTES and t.is_contiguous()
-            and t.storage_offset() == 0 and t.untyped_storage().nbytes() == nbytes)
+    storage = t.untyped_storage()
+    return (t.device.type == "cpu" and nbytes >= MIN_PARK_BYTES and t.is_contiguous() and t.storage_offset() == 0
+            and storage.nbytes() == nbytes and storage.resizable())
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
@@ -40,25 +41,19 @@ def _bytes(t: torch.Tensor) -> memoryview:
     return memoryview((ctypes.c_char * t.untyped_storage().nbytes()).from_address(t.data_ptr())).cast("B")
 
 
-def park(tensors: Iterable[torch.Tensor], path: Path) -> Callable[[], None]:
-    """Write the parkable ``tensors`` to ``path`` and free their storage; returns the restore."""
+def park(tensors: Iterable[torch.Tensor | None], path: Path) -> Callable[[], None]:
+    """Write the parkable ``tensors`` to ``path`` and free their storage; returns the restore.
+
+    A second view of a parked storage is not parkable any more (its storage is empty): it comes
+    back with the first."""
     parked: list[tuple[torch.Tensor, int]] = []
-    seen: set[int] = set()
     with open(path, "wb") as f:
         for t in tensors:
-            if t is None or not parkable(t) or t.untyped_storage().data_ptr() in seen:
+            if t is None or not parkable(t):
                 continue
-            storage = t.untyped_storage()
-            nbytes, pointer = storage.nbytes(), storage.data_ptr()
             f.write(_bytes(t))
-            try:
-                storage.resize_(0)
-            except RuntimeError:   # not resizable (a map of a file): it stays resident
-                f.seek(-nbytes, 1)
-                f.truncate()
-                continue
-            seen.add(pointer)
-            parked.append((t, nbytes))
+            parked.append((t, t.untyped_storage().nbytes()))
+            t.untyped_storage().resize_(0)
 
     def restore() -> None:
         with open(path, "rb") as f:
