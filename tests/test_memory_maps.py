@@ -1,4 +1,4 @@
-"""quantkit/pipeline/memory.py: inside ``own_maps`` a freed large block leaves the resident set."""
+"""quantkit/pipeline/memory.py and the lockstep pass: a paused batch's freed temporaries leave the resident set."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.pipeline.memory import own_maps
+from quantkit.interleave import Interleaver
+from quantkit.pipeline import passes as passes_module
+from quantkit.pipeline.memory import return_freed_memory
+from quantkit.pipeline.passes import CalibrationPasses
 
 MIB = 2**20
 
@@ -20,20 +23,60 @@ def anon_resident() -> int:
     pytest.skip("no RssAnon in /proc/self/status")
 
 
-def test_freed_blocks_between_live_ones_leave_the_resident_set():
+def glibc() -> None:
     try:
-        ctypes.CDLL(None).mallopt
+        ctypes.CDLL(None).malloc_trim
     except AttributeError:
         pytest.skip("not glibc")
+
+
+def holes(n: int = 16) -> list[torch.Tensor]:
+    """``n`` freed 8 MiB temporaries, each below a small survivor (a paused batch's live block)."""
+    keep = []
+    for _ in range(n):
+        temporary = torch.ones(2 * MIB)   # 8 MiB
+        keep.append(torch.ones(8))
+        del temporary
+    return keep
+
+
+def test_freed_blocks_between_live_ones_leave_the_resident_set():
+    glibc()
     # raise glibc's sliding threshold, as a layer's freed weights do, so blocks come from the heap
     torch.ones(8 * MIB).sum()
-    with own_maps():
-        before = anon_resident()
-        keep = []
-        for _ in range(16):   # a paused batch's small survivor after each freed temporary
-            temporary = torch.ones(2 * MIB)   # 8 MiB
-            keep.append(torch.ones(8))
-            del temporary
-        grown = anon_resident() - before
-    assert grown < 8 * MIB, f"{grown / MIB:.0f} MiB stayed resident after the temporaries were freed"
+    return_freed_memory()
+    before = anon_resident()
+    keep = holes()
+    untrimmed = anon_resident() - before
+    return_freed_memory()
+    trimmed = anon_resident() - before
+    # without the trim the holes stay (the control: else this test could not fail)
+    assert untrimmed > 32 * MIB, f"only {untrimmed / MIB:.0f} MiB of holes stayed: the test sees nothing"
+    assert trimmed < 8 * MIB, f"{trimmed / MIB:.0f} MiB stayed resident after the temporaries were freed"
     assert len(keep) == 16
+
+
+class _Store:
+    folder = None   # in memory: nothing parked
+    count = 3
+
+
+def test_every_pausing_batch_trims(monkeypatch):
+    trims = []
+    monkeypatch.setattr(passes_module, "return_freed_memory", lambda: trims.append(passes._batch))
+    passes = CalibrationPasses.__new__(CalibrationPasses)
+    passes.hidden, passes.interleaver, passes._inputs, passes._batch = _Store(), Interleaver(), {}, None
+    actions = []
+
+    def call(j: int) -> None:
+        passes.sync("a", lambda: actions.append("a"))
+        passes.sync("b", lambda: actions.append("b"))
+
+    passes.interleaver.run([lambda j=j: call(j) for j in range(3)],
+                           before=lambda k: setattr(passes, "_batch", k))
+    assert actions == ["a", "b"]
+    assert trims == [0, 1, 2, 0, 1, 2]
+    # outside a lockstep pass a sync runs its action at once: nothing pauses, nothing is trimmed
+    passes._batch = None
+    passes.sync("c", lambda: actions.append("c"))
+    assert actions[-1] == "c" and len(trims) == 6

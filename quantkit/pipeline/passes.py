@@ -29,7 +29,7 @@ from ..kv_cache import KVObserver
 from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
-from .memory import own_maps
+from .memory import return_freed_memory
 from .park import park as park_tensors
 from .store import ActivationStore, ArgumentStore
 
@@ -54,13 +54,26 @@ class CalibrationPasses:
         """``Interleaver.sync`` for the running batch. With the activations offloaded, a batch that
         pauses parks ``park`` (its tensors the hook holds) and its layer input in a file of its
         own until it resumes (``park.py``): paused batches then hold only what the layer's frames
-        keep besides."""
+        keep besides.
+
+        Every pausing batch then hands the heap's free pages back to the OS: the temporaries it
+        freed lie between the paused batches' live blocks, where glibc keeps them resident and
+        later sizes do not always fit. Trimmed, the next batch reuses the heap's chunks (their
+        pages fault in again as touched); blocks in maps of their own instead (``mallopt``'s
+        threshold at 1 MiB, which this replaced) gave the same peak but faulted in every
+        temporary of every batch (SmolLM2, 6 layers, 2 threads: 79.5 -> 76.4 s, 1635 -> 1566
+        MB; benchmarks/RESULTS.md)."""
         folder, j = self.hidden.folder, self._batch
-        if folder is None or j is None:
-            self.interleaver.sync(key, action)
-            return
         tensors = (*park, self._inputs.get(j))
-        self.interleaver.sync(key, action, on_pause=lambda: park_tensors(tensors, folder / f"parked-{j:06d}.bin"))
+
+        def on_pause() -> Callable[[], None] | None:
+            restore = None
+            if folder is not None and j is not None:
+                restore = park_tensors(tensors, folder / f"parked-{j:06d}.bin")
+            return_freed_memory()   # after parking: the parked storages' pages go too
+            return restore
+
+        self.interleaver.sync(key, action, on_pause=on_pause)
 
     def real_tokens(self) -> torch.Tensor | None:
         """The running batch's real-token mask over its flattened positions (None: no padding)."""
@@ -126,10 +139,9 @@ class CalibrationPasses:
         observing = kv[1].observing(kv[0], self.tokens(f"layers.{i}")) if propagate and kv else contextlib.nullcontext()
         try:
             with torch.no_grad(), observing:
-                if interleaved:
-                    with own_maps():   # every paused batch's intermediates live at once: no holes between them
-                        self.interleaver.run([functools.partial(call, j) for j in order],
-                                             before=lambda k: select(order[k]))
+                if interleaved:   # every paused batch's intermediates live at once: see ``sync``
+                    self.interleaver.run([functools.partial(call, j) for j in order],
+                                         before=lambda k: select(order[k]))
                 else:
                     for j in order:
                         select(j)
