@@ -533,8 +533,9 @@ def test_lockstep_pauses_only_where_a_solve_waits_for_every_batch():
     alone = GPTQ(true_sequential=True).quantize_layer(one)
     for name in results:
         # the same Hessians up to summation order (measured: losses within 0.3%, codes 0-1.6% apart:
-        # a flipped code feeds every later column)
-        assert results[name].stats["loss"] == pytest.approx(alone[name].stats["loss"], rel=0.02), name
+        # a flipped code feeds every later column; on an AVX2 host at one thread o_proj's loss was
+        # 2.3% apart, the flipped codes of q/k/v feeding its input)
+        assert results[name].stats["loss"] == pytest.approx(alone[name].stats["loss"], rel=0.05), name
         assert (results[name].q != alone[name].q).float().mean() < 0.05, name
         assert torch.equal(getattr(layer, name).weight.data, results[name].dequantized(scheme.weights, torch.float32))
 
