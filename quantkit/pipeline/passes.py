@@ -61,8 +61,8 @@ class CalibrationPasses:
         later sizes do not always fit. Trimmed, the next batch reuses the heap's chunks (their
         pages fault in again as touched); blocks in maps of their own instead (``mallopt``'s
         threshold at 1 MiB, which this replaced) gave the same peak but faulted in every
-        temporary of every batch (SmolLM2, 6 layers, 2 threads: 79.5 -> 76.4 s, 1635 -> 1566
-        MB; benchmarks/RESULTS.md)."""
+        temporary of every batch (SmolLM2, 6 layers, 2 threads: 3-4% less time and a little
+        less memory, in each pair run in the same part of a session; benchmarks/RESULTS.md)."""
         folder, j = self.hidden.folder, self._batch
         tensors = (*park, self._inputs.get(j))
 
