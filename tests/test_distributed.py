@@ -92,9 +92,10 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
 def test_two_rank_hessian_equals_the_one_rank_hessian(tmp_path):
     import torch.multiprocessing as mp
 
-    # forked, not spawned: the children start with torch imported (seconds less on a loaded machine)
+    # spawned, not forked: a child forked after the parent's OpenMP pool ran deadlocks in its first
+    # parallel op (seen in test_moe's two-rank test: both ranks idle in a forward, never returning)
     mp.start_processes(_rank_main, args=(2, distributed.free_port(), str(tmp_path)), nprocs=2, join=True,
-                       start_method="fork")
+                       start_method="spawn")
     H, n = None, 0
     for x in _batches():
         H, n = accumulate_hessian(x, H, n)

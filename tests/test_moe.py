@@ -314,8 +314,9 @@ def test_two_ranks_count_every_ranks_tokens_in_the_coverage_table(starved, tmp_p
     from quantkit import distributed
 
     src = starved["MixtralForCausalLM"]
+    # spawned: a child forked after the parent's OpenMP pool ran hung in its first parallel op
     mp.start_processes(_two_rank_coverage, args=(2, distributed.free_port(), str(src), str(tmp_path / "two")),
-                       nprocs=2, join=True, start_method="fork")
+                       nprocs=2, join=True, start_method="spawn")
     log = json.loads((tmp_path / "two" / "quantization_log.json").read_text())
     layer = "model.layers.0.block_sparse_moe.experts"
     # two batches of 64 positions (two rows each), one per rank: 128 tokens, as one rank counts them
