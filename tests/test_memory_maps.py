@@ -1,4 +1,5 @@
-"""quantkit/pipeline/memory.py and the lockstep pass: a paused batch's freed temporaries leave the resident set."""
+"""quantkit/pipeline/memory.py and the lockstep pass: a paused batch's freed temporaries leave the resident set
+once they outgrow the slack."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from quantkit.pipeline import passes as passes_module
-from quantkit.pipeline.memory import return_freed_memory
+from quantkit.pipeline.memory import bound_freed_memory, freed_resident, return_freed_memory
 from quantkit.pipeline.passes import CalibrationPasses
 
 MIB = 2**20
@@ -60,14 +61,35 @@ def test_freed_blocks_between_live_ones_leave_the_resident_set():
     assert len(keep) == 16
 
 
+def test_the_bound_trims_only_past_its_slack():
+    glibc()
+    if freed_resident() is None:
+        pytest.skip("no mallinfo2")
+    torch.ones(4 * MIB).sum()   # as above: blocks from the heap
+    return_freed_memory()
+    before = anon_resident()
+    keep = holes()              # 128 MiB of holes
+    grown = freed_resident()
+    assert not bound_freed_memory(slack=256 * MIB)
+    kept = anon_resident() - before
+    assert kept > 32 * MIB, f"only {kept / MIB:.0f} MiB of holes stayed: the test sees nothing"
+    assert freed_resident() >= grown - 8 * MIB   # not trimmed: still counted as grown
+    assert bound_freed_memory(slack=64 * MIB)
+    trimmed = anon_resident() - before
+    assert trimmed < 8 * MIB, f"{trimmed / MIB:.0f} MiB stayed resident past the slack"
+    # the trim is the new reference: nothing has grown since
+    assert not bound_freed_memory(slack=32 * MIB)
+    assert len(keep) == 16
+
+
 class _Store:
     folder = None   # in memory: nothing parked
     count = 3
 
 
-def test_every_pausing_batch_trims(monkeypatch):
-    trims = []
-    monkeypatch.setattr(passes_module, "return_freed_memory", lambda: trims.append(passes._batch))
+def test_every_pausing_batch_bounds_the_freed_memory(monkeypatch):
+    bounds = []
+    monkeypatch.setattr(passes_module, "bound_freed_memory", lambda: bounds.append(passes._batch))
     passes = CalibrationPasses([], _Store(), None)
     actions = []
 
@@ -78,8 +100,8 @@ def test_every_pausing_batch_trims(monkeypatch):
     passes.interleaver.run([lambda j=j: call(j) for j in range(3)],
                            before=lambda k: setattr(passes, "_batch", k))
     assert actions == ["a", "b"]
-    assert trims == [0, 1, 2, 0, 1, 2]
-    # outside a lockstep pass a sync runs its action at once: nothing pauses, nothing is trimmed
+    assert bounds == [0, 1, 2, 0, 1, 2]
+    # outside a lockstep pass a sync runs its action at once: nothing pauses, nothing is bounded
     passes._batch = None
     passes.sync("c", lambda: actions.append("c"))
-    assert actions[-1] == "c" and len(trims) == 6
+    assert actions[-1] == "c" and len(bounds) == 6

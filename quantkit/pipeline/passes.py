@@ -29,7 +29,7 @@ from ..kv_cache import KVObserver
 from ..scheme import QuantScheme
 from .batches import CalibrationChunk
 from .capture import layer_output
-from .memory import return_freed_memory
+from .memory import bound_freed_memory
 from .park import park as park_tensors
 from .store import ActivationStore, ArgumentStore
 
@@ -56,13 +56,13 @@ class CalibrationPasses:
         own until it resumes (``park.py``): paused batches then hold only what the layer's frames
         keep besides.
 
-        Every pausing batch then hands the heap's free pages back to the OS: the temporaries it
-        freed lie between the paused batches' live blocks, where glibc keeps them resident and
-        later sizes do not always fit. Trimmed, the next batch reuses the heap's chunks (their
-        pages fault in again as touched); blocks in maps of their own instead (``mallopt``'s
-        threshold at 1 MiB, which this replaced) gave the same peak but faulted in every
-        temporary of every batch (SmolLM2, 6 layers, 2 threads: 3-4% less time and a little
-        less memory, in each pair run in the same part of a session; benchmarks/RESULTS.md)."""
+        A pausing batch then bounds the heap's free resident pages (``memory.bound_freed_memory``):
+        the temporaries it freed lie between the paused batches' live blocks, where glibc keeps
+        them resident. Once they have grown by ``FREED_MEMORY_SLACK`` since the last trim they
+        are handed back to the OS. Trimming at every pause cost about 15% of the wall time in
+        page faults on SmolLM2, since the next batch reused and faulted in the same pages at
+        once. Blocks in maps of their own (``mallopt``'s threshold at 1 MiB, replaced in session
+        14) faulted in every temporary of every batch (benchmarks/RESULTS.md)."""
         folder, j = self.hidden.folder, self._batch
         tensors = (*park, self._inputs.get(j))
 
@@ -70,7 +70,7 @@ class CalibrationPasses:
             restore = None
             if folder is not None and j is not None:
                 restore = park_tensors(tensors, folder / f"parked-{j:06d}.bin")
-            return_freed_memory()   # after parking: the parked storages' pages go too
+            bound_freed_memory()   # after parking: the parked storages' pages count too
             return restore
 
         self.interleaver.sync(key, action, on_pause=on_pause)
