@@ -19,7 +19,7 @@ tokens each expert saw (``pipeline/coverage.py``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from torch import nn
@@ -59,39 +59,58 @@ class UnfusedExperts(nn.ModuleList):
     def __init__(self, experts: list[Expert]):
         super().__init__(experts)
         self.routing: "Routing | None" = None
+        # set while a layer too big for memory runs without its experts (pipeline/expert_stream.py):
+        # ``deferred(hidden, top_k_index, top_k_weights)`` records the block's inputs, and
+        # the experts add nothing here; their sum is added to the layer's output afterwards
+        self.deferred: Callable[..., None] | None = None
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(hidden_states)
+        if self.deferred is not None:
+            self.deferred(hidden_states, top_k_index, top_k_weights)
+            return out
         routing = self.routing
         real = routing.real_tokens() if routing is not None else None
         real = real.to(hidden_states.device) if real is not None else None
-        every = torch.nonzero(real).flatten() if real is not None else torch.arange(
-            hidden_states.shape[0], device=hidden_states.device)
         for e, expert in enumerate(self):
-            token, slot = torch.where(top_k_index == e)
             if routing is None:
+                token, slot = torch.where(top_k_index == e)
                 if token.numel():
                     y = expert(hidden_states[token]) * top_k_weights[token, slot, None]
                     out.index_add_(0, token, y.to(out.dtype))
                 continue
-            # Calibration: padding (row ends, which no real token attends to) skips the experts,
-            # so every expert input is real tokens; each expert runs in every batch, even on no
-            # tokens, because the lockstep passes need every linear reached in every batch.
-            if real is not None:
-                keep = real[token]
-                token, slot = token[keep], slot[keep]
-            rows = every if routing.all_experts else token
-            with routing.dispatch(e, routed=int(token.numel()), seen=int(rows.numel())):
+            # Calibration: each expert runs in every batch, even on no tokens, because the
+            # lockstep passes need every linear reached in every batch.
+            rows, weight, routed = calibration_rows(e, top_k_index, top_k_weights, real, routing.all_experts)
+            with routing.dispatch(e, routed=routed, seen=int(rows.numel())):
                 y = expert(hidden_states[rows])
-            if routing.all_experts:
-                weight = torch.zeros(hidden_states.shape[0], dtype=top_k_weights.dtype, device=out.device)
-                weight[token] = top_k_weights[token, slot]
-                y = y * weight[rows, None]   # non-routed tokens add exact zeros: the top-k sum is unchanged
-            else:
-                y = y * top_k_weights[token, slot, None]
-            out.index_add_(0, rows, y.to(out.dtype))
+            out.index_add_(0, rows, (y * weight).to(out.dtype))
         return out
+
+
+def calibration_rows(e: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, real: torch.Tensor | None,
+                     all_experts: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The positions expert ``e`` runs on during calibration, their routing weights ``[n, 1]``, and
+    how many of them are routed to it.
+
+    Padding (row ends, which no real token attends to) skips the experts, so every expert input
+    is a real token. With ``all_experts`` every real token runs through the expert for its
+    statistics, and the tokens not routed to it are weighted by exact zeros: the block's top-k
+    sum is unchanged. Shared by the block's forward and the expert-by-expert pass, so both add
+    the very same numbers in the very same order.
+    """
+    token, slot = torch.where(top_k_index == e)
+    if real is not None:
+        keep = real[token]
+        token, slot = token[keep], slot[keep]
+    if not all_experts:
+        return token, top_k_weights[token, slot, None], int(token.numel())
+    every = torch.nonzero(real).flatten() if real is not None else torch.arange(
+        top_k_index.shape[0], device=top_k_index.device)
+    weight = torch.zeros(top_k_index.shape[0], dtype=top_k_weights.dtype, device=top_k_weights.device)
+    weight[token] = top_k_weights[token, slot]
+    return every, weight[every, None], int(token.numel())
 
 
 def _spec(config) -> ArchSpec | None:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
 import yaml
-from pydantic import Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import QuantkitError
 from .kv_cache import KVCacheScheme
@@ -43,6 +43,19 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 
 #: Checks a recipe's ``eval:`` section: ``(section, "eval") -> section``, raising ``QuantkitError``.
 EvalCheck = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
+
+
+def _read_size(value: Any) -> Any:
+    if isinstance(value, str):
+        size = _size_bytes(value)
+        if size is None:
+            raise invalid(f"cannot read size {value!r} (e.g. '2GB', '500MiB')")
+        return size
+    return value
+
+
+#: A number of bytes, or a size such as "2GB" / "500MiB" in a recipe.
+ByteSize = Annotated[StrictInt, BeforeValidator(_read_size)]
 
 
 @config
@@ -64,21 +77,15 @@ class CalibrationSettings:
     # (pipeline/coverage.py). Experts whose linears saw fewer than moe_min_tokens are flagged.
     moe_experts: Literal["all", "routed"] = "all"
     moe_min_tokens: Annotated[StrictInt, Field(ge=0)] = 32
+    # Bytes of one decoder layer's weights held at once (bytes, or "4GB"). A layer whose weights
+    # exceed it has its MoE experts onloaded a chunk at a time (pipeline/expert_stream.py). None:
+    # a fifth of the memory available when the layer loop starts (a cgroup limit counts).
+    layer_memory: Annotated[ByteSize, Field(ge=1)] | None = None
 
 
 @config
 class OutputSettings:
-    max_shard_size: Annotated[StrictInt, Field(ge=1024)] = 2 * 1024**3  # bytes, or "2GB" in a recipe
-
-    @field_validator("max_shard_size", mode="before")
-    @classmethod
-    def _size(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            size = _size_bytes(value)
-            if size is None:
-                raise invalid(f"cannot read size {value!r} (e.g. '2GB', '500MiB')")
-            return size
-        return value
+    max_shard_size: Annotated[ByteSize, Field(ge=1024)] = 2 * 1024**3  # bytes, or "2GB" in a recipe
 
 
 @config

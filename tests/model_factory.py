@@ -33,7 +33,6 @@ def make_streamed_llama_dir(path: Path, num_layers: int, hidden: int, intermedia
                             seed: int = 0) -> Path:
     """Save a random Llama (untied head, head_dim 64) shard by shard: never more than one shard
     in memory, so a model larger than the memory cap it is tested under can be built beside it."""
-    from safetensors.torch import save_file
     from transformers import LlamaConfig
 
     inter = intermediate or 4 * hidden
@@ -52,10 +51,21 @@ def make_streamed_llama_dir(path: Path, num_layers: int, hidden: int, intermedia
                        p + "self_attn.v_proj.weight": (hidden, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
                        p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
                        p + "mlp.down_proj.weight": (hidden, inter)})
+    save_random_shards(path, {k: (shape, dtype) for k, shape in shapes.items()}, 0.02, shard_bytes, seed)
+    return path
+
+
+def save_random_shards(path: Path, shapes: dict[str, tuple[tuple, torch.dtype]], std: float, shard_bytes: float,
+                       seed: int = 0) -> None:
+    """Random tensors of ``shapes`` (norms ones, the rest N(0, std)) saved shard by shard, with
+    the index: never more than one shard in memory."""
+    from safetensors.torch import save_file
+
     g = torch.Generator().manual_seed(seed)
     shard, size, index, names = {}, 0, {}, list(shapes)
     for k in names:
-        t = torch.ones(shapes[k]) if k.endswith("norm.weight") else torch.randn(shapes[k], generator=g) * 0.02
+        shape, dtype = shapes[k]
+        t = torch.ones(shape) if k.endswith("norm.weight") else torch.randn(shape, generator=g) * std
         shard[k] = t.to(dtype)
         size += shard[k].numel() * shard[k].element_size()
         if size > shard_bytes or k == names[-1]:
@@ -64,7 +74,6 @@ def make_streamed_llama_dir(path: Path, num_layers: int, hidden: int, intermedia
             index.update({key: fname for key in shard})
             shard, size = {}, 0
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
-    return path
 
 
 def make_outlier_llama_dir(path: Path, outliers: int, factor: float, spread: float = 0.0, seed: int = 0) -> Path:

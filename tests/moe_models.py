@@ -52,3 +52,18 @@ def make_moe_dir(path: Path, arch: str, starve: bool = False, seed: int = 0, **k
                 router[:, 0] = torch.linspace(2.0, -2.0, router.shape[0])
     model.save_pretrained(path)
     return path
+
+
+def make_streamed_moe_dir(path: Path, cfg, shard_bytes: float = 200e6, seed: int = 0) -> Path:
+    """Save a random model of ``cfg`` shard by shard under the checkpoint's own names (per-expert
+    keys, as quantkit's skeleton lists them): never more than one shard in memory, so an MoE whose
+    single layer is larger than a memory cap can be built beside it. Norms are ones, the rest
+    N(0, 0.05)."""
+    from model_factory import save_random_shards
+    from quantkit.pipeline.onload import build_skeleton
+
+    path.mkdir(parents=True)
+    cfg.save_pretrained(path)
+    shapes = {name: (tuple(p.shape), p.dtype) for name, p in build_skeleton(cfg).named_parameters()}
+    save_random_shards(path, shapes, 0.05, shard_bytes, seed)
+    return path

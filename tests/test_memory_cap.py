@@ -146,3 +146,47 @@ def test_converts_inside_a_memory_cap_to_the_uncapped_bytes(big_model, tmp_path,
     with torch.no_grad():
         logits = model(torch.tensor([CALIBRATION[0][:16]])).logits
     assert logits.shape == (1, 16, VOCAB) and torch.isfinite(logits).all()
+
+
+# A Qwen3-MoE whose one layer is 1.5x the RTN cap: 256 experts of 3 MiB (hidden 512, expert
+# intermediate 512, fp32), 768 MiB a layer; 2 layers, 1.5 GiB in all (3x the cap). Inside the cap
+# the layer loop's budget (a fifth of what the cgroup has left) streams the experts a chunk at a
+# time; uncapped it holds each layer whole. The two checkpoints must be equal bit for bit.
+MOE_EXPERTS, MOE_WIDTH = 256, 512
+
+
+@pytest.fixture(scope="module")
+def big_moe(tmp_path_factory) -> Path:
+    from transformers import Qwen3MoeConfig
+
+    from moe_models import make_streamed_moe_dir
+
+    cfg = Qwen3MoeConfig(vocab_size=VOCAB, hidden_size=MOE_WIDTH, num_hidden_layers=2, num_attention_heads=8,
+                         num_key_value_heads=8, head_dim=64, intermediate_size=MOE_WIDTH,
+                         moe_intermediate_size=MOE_WIDTH, num_experts=MOE_EXPERTS, num_experts_per_tok=8,
+                         tie_word_embeddings=False, max_position_embeddings=512, dtype="float32")
+    cfg.architectures = ["Qwen3MoeForCausalLM"]
+    return make_streamed_moe_dir(tmp_path_factory.mktemp("capped-moe") / "model", cfg)
+
+
+def test_an_moe_layer_larger_than_the_cap_converts_expert_by_expert(big_moe, tmp_path):
+    import quantkit
+
+    cap = CAPS["rtn"]
+    layer = sum(f.stat().st_size for f in big_moe.glob("*.safetensors")) / 2   # two layers, tiny embeddings
+    assert layer >= 1.4 * cap, f"a layer ({layer / 2**20:.0f} MiB) must not fit the cap ({cap / 2**20:.0f} MiB)"
+    with memory_cgroup(cap) as group:
+        capped = convert(big_moe, tmp_path / "capped", RTN, group)
+        kills = oom_kills(group)
+    assert kills == 0, f"the capped conversion was OOM-killed {kills} times"
+    uncapped = convert(big_moe, tmp_path / "uncapped", RTN)
+    print(f"\nMoE layer {layer / 2**20:.0f} MiB, cap {cap / 2**20:.0f} MiB: peak RSS {capped['peak_rss'] / 2**20:.0f} "
+          f"MiB capped, {uncapped['peak_rss'] / 2**20:.0f} MiB uncapped")
+    # VmHWM counts the libraries' file pages, which the cgroup that first read them was charged
+    # for: not comparable with the cap, but the uncapped run held each layer whole
+    assert uncapped["peak_rss"] - capped["peak_rss"] > layer / 2
+    assert differing_tensors(tmp_path / "capped", tmp_path / "uncapped") == []
+    model = quantkit.load(tmp_path / "capped")
+    with torch.no_grad():
+        logits = model(torch.tensor([CALIBRATION[0][:16]])).logits
+    assert logits.shape == (1, 16, VOCAB) and torch.isfinite(logits).all()

@@ -94,3 +94,45 @@ def bound_freed_memory(slack: int = FREED_MEMORY_SLACK) -> bool:
     return_freed_memory()
     return True
 
+
+def available_memory() -> int:
+    """Bytes this process can still take: the system's available memory, or less where a cgroup
+    (v1 or v2) of this process or one above it caps memory (a container, a batch job's slot)."""
+    import psutil
+
+    free = int(psutil.virtual_memory().available)
+    for limit, usage in _cgroup_memory():
+        free = min(free, max(0, limit - usage))
+    return free
+
+
+def _cgroup_memory() -> list[tuple[int, int]]:
+    """``(limit, usage)`` of every memory-capped cgroup from this process's up to the root.
+
+    Usage leaves out the inactive file cache (what docker's ``stats`` leaves out too): the
+    shards read so far sit there, and the kernel reclaims them before it kills anything."""
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            root, files = "/sys/fs/cgroup/memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        elif controllers == "":
+            root, files = "/sys/fs/cgroup", ("memory.max", "memory.current", "inactive_file")
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for k in range(len(parts), -1, -1):
+            folder = os.path.join(root, *parts[:k])
+            try:
+                limit = open(os.path.join(folder, files[0])).read().strip()
+                usage = int(open(os.path.join(folder, files[1])).read().strip())
+                stat = dict(line.split() for line in open(os.path.join(folder, "memory.stat")))
+            except (OSError, ValueError):
+                continue
+            if limit.isdigit() and int(limit) < 2**60:   # v1 writes 2^63 rounded to pages for none
+                found.append((int(limit), usage - int(stat.get(files[2], 0))))
+    return found

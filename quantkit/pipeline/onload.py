@@ -36,10 +36,13 @@ def config_dtype(config) -> torch.dtype:
     return d
 
 
-def materialize(module: nn.Module, prefix: str, source, device: str = "cpu") -> None:
-    """Load a module's parameters (those stored in the checkpoint) from the source."""
+def materialize(module: nn.Module, prefix: str, source, device: str = "cpu", skip: str | None = None) -> None:
+    """Load a module's parameters (those stored in the checkpoint) from the source; those under
+    the sub-module ``skip`` stay on the meta device (a streamed layer's experts)."""
     state = {}
     for name, p in module.named_parameters(recurse=True):
+        if skip is not None and name.startswith(skip + "."):
+            continue
         state[name] = source.get(f"{prefix}{name}").to(device=device, dtype=p.dtype)
     for name, b in module.named_buffers(recurse=True):
         key = f"{prefix}{name}"

@@ -49,7 +49,8 @@ from . import record, residuals
 from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
 from .coverage import Routing, coverage_entry, coverage_lines
-from .memory import return_freed_memory
+from .expert_stream import ChunkPasses, ExpertInputs, ExpertSums, StreamPlan, add_expert_sums, plan_stream
+from .memory import available_memory, return_freed_memory
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
 from .resume import ACTIVATIONS, Boundary, LayerLog, RunBook
@@ -202,53 +203,68 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         else:
             book.restore_rng()
     num_tokens = num_tokens_of(samples)
+    budget = _layer_budget(recipe, writer)
     iterator: Iterable[int] = range(start, len(layers))
     if progress is not None:
         iterator = progress(iterator, len(layers) - start)
     for i in iterator:
         kill_point(f"layer:{i}")
         layer, prefix = layers[i], f"{spec.layers}.{i}."
-        materialize(layer, prefix, source, device)
+        plan = plan_stream(layer, budget) if spec.moe is not None else None
+        if plan is not None and transforms:
+            raise QuantkitError(f"{prefix[:-1]}: its weights ({plan.layer_bytes / 2**30:.2f} GiB) exceed calibration."
+                                f"layer_memory ({budget / 2**30:.2f} GiB), so its experts are onloaded a chunk at a "
+                                f"time; the transforms ({', '.join(k for k, _ in transforms)}) need the whole layer: "
+                                "raise calibration.layer_memory")
+        materialize(layer, prefix, source, device, skip=plan.experts_path if plan is not None else None)
         grouped = layer_groups(layer, prefix, recipe)
-        targets = {name: (m, recipe.groups[g]) for name, (m, g) in grouped.items()}
         lg.groups.extend(dict.fromkeys(g for _, g in grouped.values() if g not in lg.groups))
+        streamed = {}
+        if plan is not None:
+            streamed = {n: mg for n, mg in grouped.items() if n.startswith(plan.experts_path + ".")}
+            grouped = {n: mg for n, mg in grouped.items() if n not in streamed}
+            if log is not None:
+                log(f"{prefix[:-1]}: weights {plan.layer_bytes / 2**20:.0f} MiB over calibration.layer_memory "
+                    f"{budget / 2**20:.0f} MiB: experts onloaded {len(plan.chunks[0])} at a time")
+        targets = {name: (m, recipe.groups[g]) for name, (m, g) in grouped.items()}
         kv = None
         if recipe.kv_cache is not None:
             kv = (get_module(layer, spec.attention), KVObserver.for_scheme(recipe.kv_cache, num_tokens))
         ctx = _context(i, prefix[:-1], layer, targets, spec, config, passes, single_pass,
                        len(samples or []), num_tokens, kv)
-        routings = _route(layer, prefix, passes, recipe.calibration)
+        stream = None
+        if plan is not None:
+            stream = _Stream.start(layer, prefix, plan, passes, recipe.calibration, offload_dir, device)
+            stream.subgroups_before = len(ctx.subgroups)
+            routings = {prefix + plan.experts_path: stream.routing} if stream.routing is not None else {}
+        else:
+            routings = _route(layer, prefix, passes, recipe.calibration)
 
         found = _run_transforms(ctx, transforms, writer.tmp)
         if found:
             lg.transforms[ctx.name] = {key: r.summary for key, r in found.items()}
-        # the weights the quantizer is given (GPTQ updates its working copy in place), for the row record
-        given = {name: m.weight.data.clone() for name, (m, _) in targets.items()}
-        results = quantizer.quantize_layer(ctx)
-        missing = set(targets) - set(results)
-        if missing:
-            raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
-        # the quantized model's weights, so this layer's outputs (the next layer's inputs) are its own;
-        # first what the quantizer left per row, in float32 as the integrity pass decodes
-        rows = {}
-        for name, (m, s) in targets.items():
-            rows[prefix + name] = residuals.row_errors(given.pop(name), results[name].dequantized(s.weights, torch.float32))
-            m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
-        residuals.save_layer(writer.tmp, i, rows)
+        rows: dict[str, torch.Tensor] = {}
+        results = _quantize(quantizer, ctx, prefix, rows)
         observed: dict[str, torch.Tensor] = {}
         if passes is not None:
             if not ctx.propagated:
                 passes.run(layer, i, propagate=True, observe=targets, observed=observed, kv=kv)
             else:
                 observed = ctx.observed
+        if stream is not None:
+            stream.run(i, prefix, quantizer, spec, config, streamed, recipe, source, device, writer, rows, lg,
+                       len(samples or []), num_tokens)
+        residuals.save_layer(writer.tmp, i, rows)
+        if passes is not None:
             passes.hidden.advance()
         for name, routing in routings.items():
             lg.experts[name] = coverage_entry(routing, recipe.calibration.moe_min_tokens, distributed.merge_sum)
         _unroute(layer)
 
-        observed = distributed.merge_max(observed, [n for n, (_, s) in targets.items()
-                                                    if s.input_activations is not None and not s.input_activations.dynamic])
-        _write_layer(writer, prefix, layer, targets, results, observed, lg.stats, lg.formats)
+        observed = distributed.merge_max(observed, _static(targets))
+        skip = plan.experts_path + "." if plan is not None else None   # written chunk by chunk
+        params = [(n, p) for n, p in layer.named_parameters() if skip is None or not n.startswith(skip)]
+        _write_layer(writer, prefix, params, targets, results, observed, lg.stats, lg.formats)
         if kv is not None:
             dtype = next(kv[0].parameters()).dtype   # compressed-tensors: the attention module's dtype
             for leaf, scale in kv[1].scales(recipe.kv_cache, dtype).items():
@@ -380,9 +396,11 @@ def _run_transforms(ctx: LayerContext, transforms: list[tuple[str, Transform]], 
     return found
 
 
-def _write_layer(writer: ShardWriter, prefix: str, layer: nn.Module, targets, results: dict[str, QuantizedWeight],
-                 observed: dict[str, torch.Tensor], stats: dict, formats: dict) -> None:
-    """Every tensor of the layer, from the layer in memory: packed targets, everything else as it now is."""
+def _write_layer(writer: ShardWriter, prefix: str, params: list[tuple[str, torch.Tensor]], targets,
+                 results: dict[str, QuantizedWeight], observed: dict[str, torch.Tensor], stats: dict,
+                 formats: dict) -> None:
+    """Every tensor of the layer (``params``: its parameters, named within it), from the layer in
+    memory: packed targets, everything else as it now is."""
     written = set()
     for name, (m, s) in targets.items():
         r = results[name]
@@ -399,9 +417,116 @@ def _write_layer(writer: ShardWriter, prefix: str, layer: nn.Module, targets, re
         written.update({f"{name}.weight", f"{name}.bias"})
         stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
         formats[s.format] = formats.get(s.format, 0) + 1
-    for pname, p in layer.named_parameters():
+    for pname, p in params:
         if pname not in written:
             writer.add(f"{prefix}{pname}", p.data)
+
+
+def _quantize(quantizer: Algorithm, ctx: LayerContext, prefix: str, rows: dict[str, torch.Tensor]) -> dict[str, QuantizedWeight]:
+    """The quantizer on ``ctx``'s targets; their dequantized weights written back, so the layer's
+    outputs (the next layer's inputs) are the quantized model's own, and what it left per row
+    recorded into ``rows`` (in float32, as the integrity pass decodes)."""
+    # the weights the quantizer is given (GPTQ updates its working copy in place), for the row record
+    given = {name: m.weight.data.clone() for name, (m, _) in ctx.targets.items()}
+    results = quantizer.quantize_layer(ctx)
+    missing = set(ctx.targets) - set(results)
+    if missing:
+        raise RuntimeError(f"{quantizer.name} returned no result for {sorted(missing)}")
+    for name, (m, s) in ctx.targets.items():
+        rows[prefix + name] = residuals.row_errors(given.pop(name), results[name].dequantized(s.weights, torch.float32))
+        m.weight.data = results[name].dequantized(s.weights, m.weight.dtype)
+    return results
+
+
+def _static(targets) -> list[str]:
+    """The targets whose input scales are calibrated (static activations)."""
+    return [n for n, (_, s) in targets.items() if s.input_activations is not None and not s.input_activations.dynamic]
+
+
+#: Share of the memory available when the layer loop starts that one layer's weights may take
+#: (``calibration.layer_memory`` unset), once the writer's pending tensors (up to 64 MiB) are
+#: set aside. At its peak a chunk of streamed experts is about three times its weights (the
+#: weights, the copy given to the quantizer for the row record, the dequantized result written
+#: back); beside that the heap's fragments, the solves' Hessians and the calibration activations.
+#: A third of it was OOM-killed under a 1 GiB cap.
+LAYER_MEMORY_SHARE = 0.2
+
+
+def _layer_budget(recipe: Recipe, writer: ShardWriter) -> int:
+    budget = recipe.calibration.layer_memory
+    if budget is None:
+        budget = max(1, int((available_memory() - writer.flush_bytes) * LAYER_MEMORY_SHARE))
+    return distributed.smallest(budget)   # every rank streams the same layers in the same chunks
+
+
+@dataclass
+class _Stream:
+    """A layer run without its experts, then its experts a chunk at a time (``expert_stream.py``)."""
+
+    plan: StreamPlan
+    experts: UnfusedExperts
+    passes: CalibrationPasses | None
+    inputs: ExpertInputs | None
+    sums: ExpertSums | None
+    routing: Routing | None
+    subgroups_before: int = 0   # the sub-groups of the layer without its experts
+
+    @classmethod
+    def start(cls, layer: nn.Module, prefix: str, plan: StreamPlan, passes: CalibrationPasses | None, settings,
+              offload_dir: Path | None, device: str) -> "_Stream":
+        experts = layer.get_submodule(plan.experts_path)
+        inputs = sums = routing = None
+        if passes is not None:
+            inputs = ExpertInputs(offload_dir, device, passes.batch_index, passes.real_tokens)
+            sums = ExpertSums(offload_dir, device)
+            routing = Routing(len(experts), settings.moe_experts == "all", passes.real_tokens, passes.batch_index,
+                              passes.selected)
+            experts.deferred = inputs.record
+        return cls(plan, experts, passes, inputs, sums, routing)
+
+    def run(self, i: int, prefix: str, quantizer: Algorithm, spec: ArchSpec, config, streamed: dict, recipe: Recipe,
+            source, device: str, writer: ShardWriter, rows: dict, lg: LayerLog, num_samples: int,
+            num_tokens: int) -> None:
+        """Every chunk of experts: onloaded, quantized over the recorded tokens, its weighted outputs
+        added into the sums, written, dropped; then the sums added to the layer's outputs."""
+        self.experts.deferred = None
+        path, passes = self.plan.experts_path, self.passes
+        for chunk in self.plan.chunks:
+            kill_point(f"experts:{i}:{chunk[0]}")
+            for e in chunk:
+                materialize(self.experts[e], f"{prefix}{path}.{e}.", source, device)
+            names = {f"{path}.{e}." for e in chunk}
+            targets = {n: (m, recipe.groups[g]) for n, (m, g) in streamed.items() if n[:n.rindex(".") + 1] in names}
+            cp = None
+            if passes is not None:
+                cp = ChunkPasses(self.experts, chunk, self.inputs, self.sums, self.routing, passes.count)
+                ctx = LayerContext(i, prefix[:-1], self.experts, targets, _subgroups(spec, targets), run=cp.run,
+                                   num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config,
+                                   num_batches=passes.count, batch_index=cp.batch_index)
+            else:
+                ctx = LayerContext(i, prefix[:-1], self.experts, targets, _subgroups(spec, targets), run=_no_data,
+                                   num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config)
+            results = _quantize(quantizer, ctx, prefix, rows)
+            for r in results.values():   # numbered as in the whole layer: after the rest of it
+                if "subgroup" in r.stats:
+                    r.stats["subgroup"] += self.subgroups_before
+            observed: dict[str, torch.Tensor] = {}
+            if cp is not None:
+                cp.run(propagate=True, observe=targets, observed=observed)
+            observed = distributed.merge_max(observed, _static(targets))
+            params = [(f"{path}.{e}.{n}", p) for e in chunk for n, p in self.experts[e].named_parameters()]
+            _write_layer(writer, prefix, params, targets, results, observed, lg.stats, lg.formats)
+            for e in chunk:
+                dematerialize(self.experts[e])
+            del results, targets, ctx
+            writer.end_unit()
+            source.release()
+            gc.collect(1)
+            return_freed_memory()
+        if passes is not None:
+            add_expert_sums(passes.hidden, self.sums, passes.count)
+            self.inputs.clear()
+            self.sums.clear()
 
 
 def _version() -> str:

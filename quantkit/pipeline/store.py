@@ -63,6 +63,14 @@ class ActivationStore:
     def put_next(self, j: int, t: torch.Tensor) -> None:
         self._write(self.generation + 1, j, t)
 
+    def get_next(self, j: int) -> torch.Tensor:
+        """Batch ``j``'s output recorded by ``put_next`` (before ``advance``)."""
+        if self.folder is None:
+            return self._next[j]
+        from safetensors.torch import load_file
+
+        return load_file(str(self._file(self.generation + 1, j)), device=str(self.device))["hidden"]
+
     def advance(self) -> None:
         if self.folder is None:
             if len(self._next) != self.count:
