@@ -82,6 +82,27 @@ def test_the_bound_trims_only_past_its_slack():
     assert len(keep) == 16
 
 
+def test_the_heap_is_walked_only_once_the_resident_set_grew_by_the_slack(monkeypatch):
+    """``mallinfo2`` walks every free chunk: below the slack of resident growth it is not called."""
+    from quantkit.pipeline import memory
+
+    glibc()
+    if freed_resident() is None:
+        pytest.skip("no mallinfo2")
+    return_freed_memory()
+    walks = []
+    real = memory.freed_resident
+    monkeypatch.setattr(memory, "freed_resident", lambda: walks.append(1) or real())
+    assert not bound_freed_memory(slack=64 * MIB)
+    assert walks == []
+    grown = torch.ones(32 * MIB)   # 128 MiB alive: the resident set grew, though nothing is free
+    assert not bound_freed_memory(slack=64 * MIB)
+    assert len(walks) == 1          # walked, found no holes, and took this level as the new reference
+    assert not bound_freed_memory(slack=64 * MIB)
+    assert len(walks) == 1
+    del grown
+
+
 class _Store:
     folder = None   # in memory: nothing parked
     count = 3
