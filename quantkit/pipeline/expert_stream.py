@@ -34,6 +34,7 @@ from torch import nn
 
 from ..experts import UnfusedExperts, calibration_rows
 from .coverage import Routing
+from .passes import observe_static
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -48,7 +49,6 @@ class StreamPlan:
     experts_path: str            # within the layer, as the checkpoint names it ("mlp.experts")
     chunks: list[list[int]]      # expert indices, ascending, chunk by chunk
     layer_bytes: int
-    budget: int
 
 
 def plan_stream(layer: nn.Module, budget: int) -> StreamPlan | None:
@@ -73,7 +73,7 @@ def plan_stream(layer: nn.Module, budget: int) -> StreamPlan | None:
     per_expert = max(module_bytes(e) for e in experts)
     n = max(1, (budget - rest) // per_expert)
     chunks = [list(range(a, min(a + n, len(experts)))) for a in range(0, len(experts), n)]
-    return StreamPlan(name, chunks, total, budget)
+    return StreamPlan(name, chunks, total)
 
 
 class BatchTensors:
@@ -181,7 +181,8 @@ class ChunkPasses:
         if interleaved:
             raise RuntimeError("a chunk of streamed experts runs its batches one after another")
         order = list(range(self.count)) if batches is None else list(batches)
-        hooks = _observe_static(observe or {}, observed) if propagate else []
+        # the recorded inputs are real tokens already
+        hooks = observe_static(observe or {}, observed, lambda x: x) if propagate else []
         try:
             with torch.no_grad():
                 for j in order:
@@ -205,25 +206,6 @@ class ChunkPasses:
                 routed_n[e], seen_n[e] = routed, int(rows.numel())
         if propagate:
             self.sums.store(j, total)
-
-
-def _observe_static(targets: dict, observed: dict[str, torch.Tensor] | None) -> list:
-    """Pre-hooks recording the input absmax of the static-activation linears in ``targets``."""
-    if observed is None:
-        return []
-    observed.clear()
-    hooks = []
-    for name, (m, s) in targets.items():
-        a = s.input_activations
-        if a is not None and not a.dynamic:
-            def observe(mod, inp, _name=name):
-                x = inp[0].detach()
-                if x.numel() == 0:   # no token of this batch ran through this expert
-                    return
-                v = x.abs().amax().float()
-                observed[_name] = torch.maximum(observed.get(_name, v), v)
-            hooks.append(m.register_forward_pre_hook(observe))
-    return hooks
 
 
 def add_expert_sums(hidden, sums: ExpertSums, count: int) -> None:

@@ -152,19 +152,25 @@ class CalibrationPasses:
                 h.remove()
 
     def _observe_static(self, targets, observed, where) -> list:
-        if observed is None:
-            return []
-        observed.clear()
-        tokens = self.tokens(where)
-        hooks = []
-        for name, (m, s) in targets.items():
-            a = s.input_activations
-            if a is not None and not a.dynamic:
-                def observe(mod, inp, _name=name):
-                    x = tokens(inp[0].detach())
-                    if x.numel() == 0:   # an MoE expert no token of this batch was routed to
-                        return
-                    v = x.abs().amax().float()
-                    observed[_name] = torch.maximum(observed.get(_name, v), v)
-                hooks.append(m.register_forward_pre_hook(observe))
-        return hooks
+        return observe_static(targets, observed, self.tokens(where))
+
+
+def observe_static(targets: dict[str, tuple[nn.Linear, QuantScheme]], observed: dict[str, torch.Tensor] | None,
+                   tokens: Callable[[torch.Tensor], torch.Tensor]) -> list:
+    """Pre-hooks recording into ``observed`` the input absmax (of ``tokens(x)``: real tokens) of
+    each static-activation linear in ``targets``; ``observed`` is cleared first. No hooks without it."""
+    if observed is None:
+        return []
+    observed.clear()
+    hooks = []
+    for name, (m, s) in targets.items():
+        a = s.input_activations
+        if a is not None and not a.dynamic:
+            def observe(mod, inp, _name=name):
+                x = tokens(inp[0].detach())
+                if x.numel() == 0:   # an MoE expert no token of this batch was routed to
+                    return
+                v = x.abs().amax().float()
+                observed[_name] = torch.maximum(observed.get(_name, v), v)
+            hooks.append(m.register_forward_pre_hook(observe))
+    return hooks

@@ -492,20 +492,16 @@ class _Stream:
         self.experts.deferred = None
         path, passes = self.plan.experts_path, self.passes
         for chunk in self.plan.chunks:
-            kill_point(f"experts:{i}:{chunk[0]}")
             for e in chunk:
                 materialize(self.experts[e], f"{prefix}{path}.{e}.", source, device)
             names = {f"{path}.{e}." for e in chunk}
             targets = {n: (m, recipe.groups[g]) for n, (m, g) in streamed.items() if n[:n.rindex(".") + 1] in names}
-            cp = None
-            if passes is not None:
-                cp = ChunkPasses(self.experts, chunk, self.inputs, self.sums, self.routing, passes.count)
-                ctx = LayerContext(i, prefix[:-1], self.experts, targets, _subgroups(spec, targets), run=cp.run,
-                                   num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config,
-                                   num_batches=passes.count, batch_index=cp.batch_index)
-            else:
-                ctx = LayerContext(i, prefix[:-1], self.experts, targets, _subgroups(spec, targets), run=_no_data,
-                                   num_samples=num_samples, num_tokens=num_tokens, arch=spec, config=config)
+            cp = None if passes is None else ChunkPasses(self.experts, chunk, self.inputs, self.sums,
+                                                         self.routing, passes.count)
+            data = {} if cp is None else {"num_batches": passes.count, "batch_index": cp.batch_index}
+            ctx = LayerContext(i, prefix[:-1], self.experts, targets, _subgroups(spec, targets),
+                               run=_no_data if cp is None else cp.run, num_samples=num_samples,
+                               num_tokens=num_tokens, arch=spec, config=config, **data)
             results = _quantize(quantizer, ctx, prefix, rows)
             for r in results.values():   # numbered as in the whole layer: after the rest of it
                 if "subgroup" in r.stats:
