@@ -126,3 +126,52 @@ def test_every_pausing_batch_bounds_the_freed_memory(monkeypatch):
     passes._batch = None
     passes.sync("c", lambda: actions.append("c"))
     assert actions[-1] == "c" and len(bounds) == 6
+
+
+def _heap_flags() -> list[tuple[int, int, bool]]:
+    """(start, end, advised) of each ``[heap]`` mapping in ``/proc/self/smaps``."""
+    found, current = [], None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            current = None
+            if line.rstrip().endswith("[heap]"):
+                a, b = (int(v, 16) for v in head[0].split("-"))
+                current = [a, b]
+        elif current is not None and line.startswith("VmFlags:"):
+            found.append((current[0], current[1], "hg" in head[1:]))
+            current = None
+    return found
+
+
+def test_the_heap_is_advised_to_use_huge_pages_where_the_kernel_waits_to_be_asked():
+    from quantkit.pipeline import memory
+
+    glibc()
+    memory._huge_page_size.cache_clear()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    asked = thp.exists() and "[madvise]" in thp.read_text()
+    grown = [torch.ones(MIB) for _ in range(64)]   # 256 MiB of the heap's growth, none of it advised yet
+    assert memory.advise_huge_pages() is asked
+    heap = _heap_flags()
+    assert heap, "no [heap] mapping"
+    size = memory._huge_page_size() or 2 * MIB
+    # every mapping past the first aligned huge page is advised (or none is, where asking does nothing)
+    advised = [ok for a, b, ok in heap if b > -(-heap[0][0] // size) * size]
+    assert advised and all(ok is asked for ok in advised), heap
+    del grown
+
+
+def test_a_bad_heap_huge_pages_setting_is_refused(monkeypatch):
+    from quantkit.errors import QuantkitError
+    from quantkit.pipeline import memory
+
+    monkeypatch.setenv("QUANTKIT_HEAP_HUGE_PAGES", "yes")
+    memory._huge_page_size.cache_clear()
+    with pytest.raises(QuantkitError, match="QUANTKIT_HEAP_HUGE_PAGES"):
+        memory.advise_huge_pages()
+    monkeypatch.setenv("QUANTKIT_HEAP_HUGE_PAGES", "0")
+    memory._huge_page_size.cache_clear()
+    assert not memory.advise_huge_pages()
+    monkeypatch.delenv("QUANTKIT_HEAP_HUGE_PAGES")
+    memory._huge_page_size.cache_clear()
