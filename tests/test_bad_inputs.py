@@ -503,3 +503,22 @@ def test_a_clean_run_records_no_warnings(world, tmp_path, private_dirs):
     assert r.exit_code == 0, r.output
     assert "warning:" not in r.stderr
     assert json.loads((tmp_path / "out" / "quantization_log.json").read_text())["warnings"] == []
+
+
+def test_a_bad_heap_huge_pages_setting_is_one_line_exit_2_and_leaves_nothing(world, tmp_path, private_dirs, monkeypatch):
+    """An environment variable is input too: named on the one line, before anything is written."""
+    from quantkit.pipeline import memory
+
+    monkeypatch.setenv("QUANTKIT_HEAP_HUGE_PAGES", "on")
+    memory._huge_page_size.cache_clear()
+    roots = [world.root, tmp_path, *private_dirs]
+    before = snapshot(*roots)
+    try:
+        r = invoke(convert(world.model, tmp_path))
+    finally:
+        monkeypatch.delenv("QUANTKIT_HEAP_HUGE_PAGES")
+        memory._huge_page_size.cache_clear()
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), (r.exception, r.output)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: QUANTKIT_HEAP_HUGE_PAGES: 'on' is not 0 or 1"), r.stderr
+    assert snapshot(*roots) == before

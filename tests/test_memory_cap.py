@@ -190,3 +190,39 @@ def test_an_moe_layer_larger_than_the_cap_converts_expert_by_expert(big_moe, tmp
     with torch.no_grad():
         logits = model(torch.tensor([CALIBRATION[0][:16]])).logits
     assert logits.shape == (1, 16, VOCAB) and torch.isfinite(logits).all()
+
+
+PROBE = r"""
+import json
+from quantkit.pipeline import memory
+print(json.dumps({"available": memory.available_memory(), "huge": memory._huge_page_size()}))
+"""
+
+
+def probe(group: Path | None, **env: str) -> dict:
+    """What a fresh process (inside ``group`` from before it execs, with QUANTKIT_HEAP_HUGE_PAGES
+    only as in ``env``) makes of its memory."""
+    join = None if group is None else (lambda: (group / "cgroup.procs").write_text(str(os.getpid())))
+    base = {k: v for k, v in os.environ.items() if k != "QUANTKIT_HEAP_HUGE_PAGES"}
+    res = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, preexec_fn=join,
+                         env={**base, **env}, timeout=300, check=True)
+    return json.loads(res.stdout)
+
+
+def test_a_capped_process_sizes_itself_by_the_cap_and_keeps_its_heap_in_small_pages():
+    """Under a cap the heap is not advised to use huge pages unless QUANTKIT_HEAP_HUGE_PAGES=1:
+    a page touched again after a trim would bring back the 2 MiB around it (RTN inside the
+    512 MiB cap above was OOM-killed 1 run in 3 with the advice)."""
+    from quantkit.pipeline.memory import available_memory
+
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    asked = thp.exists() and "[madvise]" in thp.read_text()
+    os_free = available_memory()
+    cap = min(2 * 2**30, os_free // 2)
+    with memory_cgroup(cap) as group:
+        capped = probe(group)
+        forced = probe(group, QUANTKIT_HEAP_HUGE_PAGES="1")
+    uncapped = probe(None)
+    assert 0 < capped["available"] <= cap < os_free   # the cap, less what the interpreter holds
+    assert capped["huge"] is None
+    assert (forced["huge"] is not None) is asked and (uncapped["huge"] is not None) is asked

@@ -54,8 +54,9 @@ def window_bytes(config, tokens: int, attention: str | None = None) -> int:
 
 
 def free_bytes() -> int:
-    import psutil
-    return int(psutil.virtual_memory().available)
+    """The host's available memory, or less under a cgroup cap (a container's limit)."""
+    from ..pipeline.memory import available_memory
+    return available_memory()
 
 
 def affordable_window(config, max_len: int, free: int) -> int:

@@ -107,9 +107,9 @@ def auto_batch_tokens(config, device: str) -> int:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
-        import psutil
+        from .memory import available_memory
 
-        free = psutil.virtual_memory().available
+        free = available_memory()   # a container's cap, not the host's free memory
     return max(1, int(free * 0.25) // per_token)
 
 

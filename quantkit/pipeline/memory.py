@@ -87,21 +87,35 @@ def _heap_start() -> int | None:
 
 @functools.cache
 def _huge_page_size() -> int | None:
-    """The transparent huge page size when the kernel gives them only where asked (THP mode
-    ``madvise``, this machine's and the common distribution default); None where asking changes
-    nothing (``always``, ``never``, no THP) or ``QUANTKIT_HEAP_HUGE_PAGES=0`` turns it off."""
-    setting = os.environ.get("QUANTKIT_HEAP_HUGE_PAGES", "1")
-    if setting not in ("0", "1"):
+    """The transparent huge page size when the heap should be advised to use them; else None.
+
+    ``QUANTKIT_HEAP_HUGE_PAGES``: unset, advise unless a cgroup caps this process's memory;
+    ``1``, advise even then; ``0``, never. Under a cap the advice costs more than it buys: a
+    4 KiB page touched again after a trim brings back the whole 2 MiB page around it, so the
+    trims hand back less. RTN inside tests/test_memory_cap.py's 512 MiB cap was OOM-killed in
+    1 of 3 runs with the advice and 0 of 3 without (and failed CI once). Asking changes nothing
+    unless the THP mode is ``madvise`` (this machine's and the common distribution default).
+    """
+    setting = os.environ.get("QUANTKIT_HEAP_HUGE_PAGES", "")
+    if setting not in ("", "0", "1"):
         from ..errors import QuantkitError
-        raise QuantkitError(f"QUANTKIT_HEAP_HUGE_PAGES: {setting!r} is not 0 or 1")
-    if setting == "0" or _libc_function("madvise") is None or _libc_function("sbrk") is None:
+        raise QuantkitError(f"QUANTKIT_HEAP_HUGE_PAGES: {setting!r} is not 0 or 1 (unset: on unless memory is capped)")
+    if setting == "0" or (setting == "" and _cgroup_memory()):
+        return None
+    if _libc_function("madvise") is None or _libc_function("sbrk") is None:
         return None
     try:
         mode = open(os.path.join(_THP, "enabled")).read()
         size = int(open(os.path.join(_THP, "hpage_pmd_size")).read())
     except (OSError, ValueError):
         return None
-    return size if "[madvise]" in mode else None
+    if "[madvise]" not in mode:
+        return None
+    sbrk, madvise = _libc_function("sbrk"), _libc_function("madvise")
+    sbrk.restype = ctypes.c_void_p
+    sbrk.argtypes = [ctypes.c_long]
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return size
 
 
 def advise_huge_pages() -> bool:
@@ -118,21 +132,18 @@ def advise_huge_pages() -> bool:
     (6 layers, GPTQ, 2 threads, 3 runs each): page faults 2.9M -> 1.5M (medians), the same peak
     RSS; wall time 55.1 -> 53.0 s (medians), within this shared machine's noise
     (benchmarks/RESULTS.md). The advice stays on the heap for the rest of the
-    process; ``QUANTKIT_HEAP_HUGE_PAGES=0`` turns it off.
+    process. It is not given under a cgroup memory cap, and ``QUANTKIT_HEAP_HUGE_PAGES`` overrides
+    that either way (``_huge_page_size``).
     """
     size = _huge_page_size()
     start = _heap_start() if size is not None else None
     if start is None:
         return False
-    sbrk, madvise = _libc_function("sbrk"), _libc_function("madvise")
-    sbrk.restype = ctypes.c_void_p
-    sbrk.argtypes = [ctypes.c_long]
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    end = sbrk(0)
+    end = _libc_function("sbrk")(0)
     first = -(-start // size) * size   # the kernel gives huge pages only to aligned 2 MiB spans
     if end is None or end <= first:
         return False
-    madvise(first, end - first, _MADV_HUGEPAGE)   # ENOMEM (a hole in the range) still advises the rest
+    _libc_function("madvise")(first, end - first, _MADV_HUGEPAGE)   # ENOMEM (a hole in the range) still advises the rest
     return True
 
 
