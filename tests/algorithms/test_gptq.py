@@ -461,11 +461,27 @@ def test_single_pass_solves_a_linear_again_when_its_input_differs():
     assert torch.equal(layer.k_proj.weight.data, results["k_proj"].dequantized(scheme.weights, torch.float32))
 
 
-def test_gram_is_the_exact_symmetric_product():
-    x = correlated_inputs(300, 3 * gptq_mod._GRAM_BLOCK + 17, seed=4)
+@pytest.mark.parametrize("cols", [gptq_mod._GRAM_BLOCK + 5, 3 * gptq_mod._GRAM_BLOCK + 17,
+                                  gptq_mod._WIDE_GRAM_COLUMNS + 3 * gptq_mod._GRAM_BLOCK + 7])
+def test_gram_is_the_exact_symmetric_product(cols):
+    x = correlated_inputs(300, cols, seed=4)
     G = gptq_mod.gram(x)
     torch.testing.assert_close(G, x.T @ x, rtol=1e-5, atol=1e-3)
     assert torch.equal(G, G.T)
+
+
+@pytest.mark.parametrize("cols", [3 * gptq_mod._GRAM_BLOCK + 17, gptq_mod._WIDE_GRAM_COLUMNS + 3 * gptq_mod._GRAM_BLOCK + 7])
+def test_hessian_folds_in_place_to_the_running_mean_of_every_batch(cols):
+    """Batches folded one by one (``beta * H + alpha * x^T x`` into ``H``'s own memory) give
+    ``2/T * X^T X`` of all of them at once, exactly symmetric at every step."""
+    batches = [correlated_inputs(n, cols, seed=s) for s, n in enumerate([200, 57, 300])]
+    H, seen = None, 0
+    for x in batches:
+        H, seen = accumulate_hessian(x, H, seen)
+        assert torch.equal(H, H.T)
+    X = torch.cat(batches).double()
+    assert seen == X.shape[0]
+    torch.testing.assert_close(H.double(), 2 * X.T @ X / seen, rtol=1e-5, atol=1e-4)
 
 
 def make_lockstep_ctx(scheme: QuantScheme, layer: nn.Module, inputs: list[torch.Tensor]):
