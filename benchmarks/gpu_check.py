@@ -6,7 +6,7 @@
     python benchmarks/gpu_check.py report OUT                           gpu_check.json + gpu_check.md
 
 Each stage writes its own JSON part; ``report`` merges the parts, the kernel table
-(``benchmarks/kernels.py --json``), the pytest JUnit file and the stage log into one JSON and
+(``benchmarks/kernel_bench.py --json``), the pytest JUnit file and the stage log into one JSON and
 one Markdown file. A stage that failed has no part: its section holds the error and the
 tail of its log instead, so the report always has every section.
 """
@@ -258,7 +258,7 @@ def stage_report(out: Path, dry: bool) -> int:
             doc[name]["stage_error"] = (f"exit status {s['rc']}" + (" (timed out)" if s["rc"] in (124, 137) else "")
                                         if s["rc"] else "exited 0 without a result")
             doc[name]["log_tail"] = _tail(logs / f"{name}.log")
-            if s["rc"] == 0:  # e.g. benchmarks/kernels.py without a GPU says so and exits 0
+            if s["rc"] == 0:  # e.g. benchmarks/kernel_bench.py without a GPU says so and exits 0
                 doc["failed_stages"].append(name)
     doc["ok"] = not doc["failed_stages"]
     _write(out / "gpu_check.json", doc)
@@ -269,7 +269,7 @@ def stage_report(out: Path, dry: bool) -> int:
 
 def markdown_report(doc: dict) -> str:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from kernels import HEADER, _line
+    from kernel_bench import HEADER, _line
 
     env = doc.get("env", {})
     lines = [f"# GPU check ({doc['mode']}): {'all stages passed' if doc['ok'] else 'FAILED: ' + ', '.join(doc['failed_stages'])}",

@@ -12,7 +12,7 @@
 #            QUANTKIT_TRITON_COMPILED=1 makes tests/conftest.py refuse to fall back to the
 #            interpreter. tests/kernels/test_backends.py holds the end-to-end Triton-vs-torch
 #            checkpoint test (test_checkpoint_logits_triton_vs_torch). Dry run: that file only.
-#   kernels  benchmarks/kernels.py over M in 1, 16, 128, 2048 and K x N in 4096x4096,
+#   kernels  benchmarks/kernel_bench.py over M in 1, 16, 128, 2048 and K x N in 4096x4096,
 #            8192x8192, 8192x28672: time, TFLOP/s, GB/s, ratio to torch's dense fp16/bf16
 #            matmul, fraction of the 4.8 TB/s HBM limit. Dry run: M in 1, 16; 256x128.
 #   gptq     quantkit.quantize with recipe w4a16-gptq on CUDA, a random bf16 model with
@@ -121,7 +121,7 @@ stage() {
 stage env "${GPU_CHECK_LIMIT_ENV:-20}" "$PY" benchmarks/gpu_check.py env "$OUT/parts/env.json" "${DRYFLAG[@]}"
 stage tests "${GPU_CHECK_LIMIT_TESTS:-110}" "$PY" -m pytest -q -p no:cacheprovider "${TESTS[@]}" \
   --junitxml="$OUT/parts/tests.xml"
-stage kernels "${GPU_CHECK_LIMIT_KERNELS:-120}" "$PY" benchmarks/kernels.py "${DRYFLAG[@]}" --m "${M[@]}" \
+stage kernels "${GPU_CHECK_LIMIT_KERNELS:-120}" "$PY" benchmarks/kernel_bench.py "${DRYFLAG[@]}" --m "${M[@]}" \
   --shapes "${SHAPES[@]}" --json "$OUT/parts/kernels.json"
 stage gptq "${GPU_CHECK_LIMIT_GPTQ:-90}" "$PY" benchmarks/gpu_check.py gptq "$OUT/parts/gptq.json" "${DRYFLAG[@]}"
 stage eval "${GPU_CHECK_LIMIT_EVAL:-130}" "$PY" benchmarks/gpu_check.py eval "$OUT/parts/eval.json" "${DRYFLAG[@]}"

@@ -397,7 +397,7 @@ def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, ti
           device: str = "cuda") -> dict:
     """Time ``w4a16_gemm`` on CUDA: milliseconds and bytes moved (weights + activations + output).
 
-    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernels.py`` runs it
+    ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernel_bench.py`` runs it
     (``device="cpu"`` with a wall-clock timer under the interpreter for its dry run)."""
     x, packed, scale, _ = make_random(m, n, k, dtype, device, group_size)
     w = repack(packed, scale, None, None, (n, k), 4, group_size)

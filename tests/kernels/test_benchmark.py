@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py: the no-GPU paths (the CUDA table needs a GPU) and GPU-only checks."""
+"""benchmarks/kernel_bench.py: the no-GPU paths (the CUDA table needs a GPU) and GPU-only checks."""
 
 import importlib.util
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 
 from kernel_testing import DEVICE, REL_TOL, rel_err
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_bench.py"
 
 
 def _bench_module():

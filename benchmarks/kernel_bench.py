@@ -7,11 +7,11 @@ matmul, and the fraction of the memory-bandwidth limit (nominal H200 4.8 TB/s, a
 measured device-to-device copy as the practical ceiling). Issue 5's targets are checked:
 W4A16 >= 3x fp16 and >= 70% of bandwidth for M <= 16; FP8 >= 1.6x bf16 for M >= 2048.
 
-    python benchmarks/kernels.py                    # CUDA; a markdown table on stdout
-    python benchmarks/kernels.py --markdown out.md  # also write the table to a file
-    python benchmarks/kernels.py --json out.json    # also write the rows (and the device) as JSON
-    python benchmarks/kernels.py --interpret        # no GPU: tiny interpreter smoke run
-    python benchmarks/kernels.py --dry-run --m 1 16 --shapes 256x128 --json out.json
+    python benchmarks/kernel_bench.py                    # CUDA; a markdown table on stdout
+    python benchmarks/kernel_bench.py --markdown out.md  # also write the table to a file
+    python benchmarks/kernel_bench.py --json out.json    # also write the rows (and the device) as JSON
+    python benchmarks/kernel_bench.py --interpret        # no GPU: tiny interpreter smoke run
+    python benchmarks/kernel_bench.py --dry-run --m 1 16 --shapes 256x128 --json out.json
                                                     # no GPU: the table's own code path on CPU
                                                     # tensors under the interpreter
 
@@ -190,7 +190,7 @@ def main(argv=None) -> int:
     import torch
 
     if not args.dry_run and not torch.cuda.is_available():
-        print("benchmarks/kernels.py needs a CUDA GPU (none found); --interpret runs a tiny CPU smoke test")
+        print("benchmarks/kernel_bench.py needs a CUDA GPU (none found); --interpret runs a tiny CPU smoke test")
         return 0
     def write(meta, rows):
         if args.markdown:
