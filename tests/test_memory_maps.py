@@ -141,6 +141,49 @@ def test_every_pausing_batch_bounds_the_freed_memory(monkeypatch):
     assert actions[-1] == "c" and len(bounds) == 6
 
 
+
+class _Hidden:
+    folder = None
+    count = 3
+
+    def __init__(self):
+        self.next = {}
+
+    def get(self, j):
+        return torch.full((2, 4), float(j))
+
+    def put_next(self, j, t):
+        self.next[j] = t
+
+
+class _Calls:
+    def get(self, i, j):
+        return (), {}
+
+
+class _PausingLayer(torch.nn.Module):
+    def __init__(self, passes):
+        super().__init__()
+        self.passes = passes
+
+    def forward(self, x):
+        self.passes.sync("a", lambda: None)
+        return (x + 1,)
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+def test_a_finishing_lockstep_batch_bounds_the_freed_memory(monkeypatch, interleaved):
+    """After the last pause the batches finish one by one: each bounds what it freed."""
+    bounds = []
+    monkeypatch.setattr(passes_module, "bound_freed_memory", lambda: bounds.append(passes._batch))
+    hidden = _Hidden()
+    passes = CalibrationPasses([], hidden, _Calls())
+    passes.run(_PausingLayer(passes), 0, propagate=True, interleaved=interleaved)
+    assert sorted(hidden.next) == [0, 1, 2] and float(hidden.next[2][0, 0]) == 3.0
+    # lockstep: three pauses at "a", then three batch ends; one after another: nothing pauses
+    assert bounds == ([0, 1, 2, 0, 1, 2] if interleaved else [])
+
+
 def _heap_flags() -> list[tuple[int, int, bool]]:
     """(start, end, advised) of each ``[heap]`` mapping in ``/proc/self/smaps``."""
     found, current = [], None

@@ -56,8 +56,8 @@ class CalibrationPasses:
         own until it resumes (``park.py``): paused batches then hold only what the layer's frames
         keep besides.
 
-        A pausing batch then bounds the heap's free resident pages (``memory.bound_freed_memory``):
-        the temporaries it freed lie between the paused batches' live blocks, where glibc keeps
+        A pausing batch then bounds the heap's free resident pages (``memory.bound_freed_memory``),
+        as does a lockstep batch that finishes (``run``): the temporaries it freed lie between the paused batches' live blocks, where glibc keeps
         them resident. Once they have grown by ``FREED_MEMORY_SLACK`` since the last trim they
         are handed back to the OS. Trimming at every pause cost about 15% of the wall time in
         page faults on SmolLM2, since the next batch reused and faulted in the same pages at
@@ -132,6 +132,12 @@ class CalibrationPasses:
                 del x, self._inputs[j]
             if propagate:
                 self.hidden.put_next(j, out)
+            if interleaved:
+                # After the last pause the batches finish one by one, each freeing its paused
+                # intermediates while its output lands in pages an earlier trim handed back:
+                # unbounded, the resident set peaked here, ~100 MiB above the last pause
+                # (SmolLM2, 16 batches; benchmarks/RESULTS.md, session 18).
+                bound_freed_memory()
 
         def select(j: int) -> None:
             self._batch = j
