@@ -24,17 +24,20 @@ from torch import nn
 
 from . import distributed
 from .device import check_device
+from .disk_space import disk_full_error, is_disk_full
 from .errors import QuantkitError
 from .experts import kept_patterns, per_expert_state
 from .formats import staging
 from .formats.compressed_tensors import group_for, matches
-from .formats.writer import DiscardWriter, ShardWriter, move_into_place, prepare_output
+from .formats.writer import DiscardWriter, ShardWriter, move_into_place
 from .kv_cache.long_rows import long_rows
+from .outputs import OutputPolicy
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
 from .sensitivity.settings import DEFAULT_TOKENS
-from .source import SafetensorsSource, StateDictSource, copy_side_files, read_config_json
+from .model_folder import copy_side_files
+from .source import SafetensorsSource, StateDictSource, read_config_json
 
 _logger = logging.getLogger("quantkit")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -49,6 +52,7 @@ class QuantizedModel:
     _saved: Path | None = None
     warnings: list[str] = field(default_factory=list)  # also in quantization_log.json
     out: Path | None = None       # the folder given to quantize(out=...): save()'s default
+    inputs: dict[str, Any] = field(default_factory=dict)   # what save() never writes over (outputs.py)
 
     @property
     def path(self) -> Path:
@@ -62,7 +66,7 @@ class QuantizedModel:
             raise QuantkitError(f"{out}: already saved to {self._saved}")
         if not distributed.is_writer():
             raise QuantkitError(f"save: rank {distributed.rank()} of a data-parallel conversion writes nothing; rank 0 saves")
-        self._saved = move_into_place(self.result.path, Path(out), overwrite)
+        self._saved = move_into_place(self.result.path, Path(out), overwrite, OutputPolicy("convert", self.inputs))
         return self._saved
 
     def load(self, backend: str | None = None):
@@ -157,6 +161,24 @@ def _tokenizer(folder: Path | None):
         raise QuantkitError(f"{folder}: cannot load the tokenizer ({str(e).splitlines()[0]})") from None
 
 
+def conversion_inputs(model: "str | Path | nn.Module | None", recipe: Recipe,
+                      recipe_arg: "str | Path | Recipe | dict | None" = None,
+                      calibration: "str | Path | Sequence | None" = None) -> dict[str, Path | None]:
+    """What a conversion reads from disk, by role: its output may overlap none of them (outputs.py).
+    The embedded default model's folder is the cache's (``QUANTKIT_CACHE``)."""
+    from .models import cache_dir
+
+    def path(x) -> Path | None:
+        return Path(x) if isinstance(x, (str, Path)) and str(x) and Path(x).exists() else None
+
+    folder = cache_dir() if model is None else path(model)
+    if isinstance(model, nn.Module):
+        folder = _as_dir(getattr(model, "name_or_path", "") or "")
+    return {"model folder": folder, "recipe": path(recipe_arg),
+            "calibration data": path(calibration) or path(recipe.calibration.dataset),
+            "sensitivity file": path(recipe.mixed.sensitivity) if recipe.mixed is not None else None}
+
+
 class ConversionInterrupted(KeyboardInterrupt):
     """A resumable run stopped by SIGINT (or SIGTERM, which the CLI turns into it): its staging
     folder is kept, and the same call with ``resume=True`` continues it."""
@@ -208,7 +230,10 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             _logger.warning(message)
 
     check_device(device)
-    recipe = load_recipe(recipe).with_overrides(ignore=list(ignore))
+    recipe_arg, recipe = recipe, load_recipe(recipe).with_overrides(ignore=list(ignore))
+    inputs = conversion_inputs(model, recipe, recipe_arg, calibration)
+    if out is not None and distributed.is_writer():
+        OutputPolicy("convert", inputs, flag="out").check(Path(out), overwrite=True)   # save() checks the rest
     if distributed.world_size() > 1:
         distributed.check_data_parallel(recipe, resume)
     if resume and out is None:
@@ -241,7 +266,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         if recipe.mixed is not None:
             recipe, *planned = plan_recipe(recipe, config, plan_source, samples,
                                            lambda: _float_model_of(model, folder, trust_remote_code), log or _logger.info)
-            check_modules(config, recipe, (), lambda _: None)   # the planned groups' widths (warned once above)
+            check_modules(config, recipe, (), lambda _: None, planned=True)   # the planned groups' widths (warned once above)
         book: RunBook | None = None
         writes = distributed.is_writer()
         if not writes:
@@ -260,7 +285,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
                                   book=book)
             if not writes:
                 writer.abort()
-                return QuantizedModel(result, recipe, warnings=warnings, out=out)
+                return QuantizedModel(result, recipe, warnings=warnings, out=out, inputs=inputs)
             copy_side_files(folder, writer.tmp)
             if planned:
                 _write_plan(writer, *planned)
@@ -271,12 +296,14 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
                 raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
             writer.abort()
             raise
-        except BaseException:
+        except BaseException as e:
             writer.abort()
+            if is_disk_full(e):   # the other writers (parked activations, resume records, JSON)
+                raise disk_full_error(writer.tmp.parent, None, "writing the checkpoint") from None
             raise
     finally:
         source.close()
-    return QuantizedModel(result, recipe, warnings=warnings, out=out)
+    return QuantizedModel(result, recipe, warnings=warnings, out=out, inputs=inputs)
 
 
 def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Path | Recipe | dict | None" = None,
@@ -340,7 +367,8 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None]) -> None:
+def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callable[[str], None],
+                  planned: bool = False) -> None:
     """What the recipe says about the model's Linear modules, checked before any data is read:
     no two config groups target one module equally specifically, each group size divides the
     width of the modules it quantizes, and each ``ignore`` entry
@@ -350,11 +378,15 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
 
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
+    quantized = 0
     for name, m in linears.items():
         group = group_for(name, "Linear", recipe.groups, list(recipe.ignore), where=recipe.origin)
         s = recipe.groups[group] if group is not None else None
         if s is not None and s.weights is not None:
             s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({name})")
+            quantized += 1
+    if names and not quantized and recipe.kv_cache is None and not planned:
+        _nothing_quantized(recipe, names, required)
     for pattern in recipe.ignore:
         if pattern == "lm_head" or any(matches(n, "Linear", pattern) for n in names):
             continue
@@ -362,6 +394,16 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
         if pattern in required:
             raise QuantkitError(f"--ignore: '{pattern}' matches no Linear module of the model{like}")
         warn(f"ignore: '{pattern}' matches no Linear module of the model, so it keeps nothing in high precision{like}")
+
+
+def _nothing_quantized(recipe: Recipe, names: list[str], required: Sequence[str]) -> None:
+    """A conversion that would quantize no Linear module writes an unquantized copy under a
+    quantized name: refused, naming what kept everything in high precision."""
+    ignore = [p for p in recipe.ignore if p != "lm_head"]
+    culprit = ([f"--ignore '{p}'" for p in required if p in ignore]
+               or [f"ignore: '{p}'" for p in ignore] or ["its config_groups' targets"])
+    raise QuantkitError(f"{culprit[0]}: keeps all {len(names)} Linear modules of the model in high precision "
+                        "(or none is targeted): nothing would be quantized")
 
 
 def _record_log(writer: ShardWriter, warnings: list[str], drawn: dict) -> None:

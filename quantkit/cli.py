@@ -11,7 +11,9 @@ from typing import List, Optional
 
 import typer
 
+from .disk_space import disk_full_error, is_disk_full
 from .errors import QuantkitError
+from .outputs import OutputPolicy
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Post-training quantization for LLMs: convert, inspect, calibrate, evaluate.")
@@ -76,7 +78,7 @@ def convert(
     except ValueError:   # not the main thread (an embedding application): leave its handler
         previous = None
     try:
-        from .api import quantize
+        from .api import conversion_inputs, quantize
         from .evaluation.section import check_eval_section
         from .formats.writer import prepare_output
         from .recipe import load_recipe
@@ -97,7 +99,7 @@ def convert(
         device = distributed.initialize(device)   # joins torchrun's process group, if it started this one
         writes = distributed.is_writer()
         if writes:
-            prepare_output(out, overwrite)
+            prepare_output(out, overwrite, OutputPolicy("convert", conversion_inputs(model, r, recipe, calib)))
         if ranks is not None and ranks > 1 and launched == 1:
             _launch(ranks)   # the ranks check and convert again; this process only waits
         banner = (f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
@@ -272,6 +274,7 @@ def sensitivity_command(
     top: int = typer.Option(10, "--top", help="Units shown per candidate."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write sensitivity.json here (plan from it with "
                                        "convert --sensitivity FILE --budget B)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it is an earlier sensitivity file."),
 ):
     """Rank the decoder's linears by how much each candidate format damages the model's output."""
     try:
@@ -282,8 +285,14 @@ def sensitivity_command(
         if tokens is None:
             tokens = MixedSettings().tokens
         check_flag(MixedSettings, "tokens", tokens, "--tokens")
-        if out is not None and not out.parent.is_dir():
-            raise QuantkitError(f"--out: {out.parent} is not a folder")
+        policy = None
+        if out is not None:
+            if not out.parent.is_dir():
+                raise QuantkitError(f"--out: {out.parent} is not a folder")
+            from .api import conversion_inputs
+            from .recipe import load_recipe
+            policy = OutputPolicy("sensitivity", conversion_inputs(model, load_recipe(recipe), recipe, calib))
+            policy.check(out, overwrite, is_file=True)
         s = sensitivity(model, recipe, calib, candidates=candidates, tokens=tokens, exact_units=exact_units,
                         log=lambda line: typer.echo(line, err=True))
     except QuantkitError as e:
@@ -303,7 +312,10 @@ def sensitivity_command(
                    + "; ".join(f"{v}: " + ", ".join(f"{c} {r}" for c, r in per.items())
                                for v, per in s.agreement["spearman"].items()))
     if out is not None:
-        typer.echo(f"written to {s.save(out)}")
+        try:
+            typer.echo(f"written to {s.save(out, overwrite, policy)}")
+        except QuantkitError as e:
+            _fail(str(e))
 
 
 def _register_optional() -> None:
@@ -325,11 +337,35 @@ _register_optional()
 
 
 def main() -> None:
+    """The ``quantkit`` command: every failure the user can fix is one ``error:`` line and exit 2,
+    a usage mistake (an unknown flag, a missing argument) included."""
+    # typer vendors click and exports no usage-error type of its own
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help() if e.ctx is not None else e.format_message(), err=True)
+        code = 2
+    except UsageError as e:
+        ctx = e.ctx
+        hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+        typer.echo(f"error: {e.format_message()}{hint}", err=True)
+        code = 2
+    except typer.Exit as e:
+        code = e.exit_code
+    except typer.Abort:
+        typer.echo("interrupted", err=True)
+        code = 130
     except QuantkitError as e:
         typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        code = 2
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        typer.echo(f"error: {disk_full_error(Path(e.filename or '.').parent)}", err=True)
+        code = 2
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

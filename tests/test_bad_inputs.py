@@ -378,7 +378,7 @@ def calib_log_mostly_malformed(w, tmp):
 def existing_output(w, tmp):
     (tmp / "out").mkdir()
     (tmp / "out" / "keep.txt").write_text("mine")
-    return convert(w.model, tmp), "out: output folder exists (use --overwrite to replace it)"
+    return convert(w.model, tmp), "out: output folder exists (use --overwrite to replace an earlier quantkit output)"
 
 
 # the kv_cache: section (issue 12)

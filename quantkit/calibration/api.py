@@ -23,6 +23,7 @@ from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_
                                         read_output, samples_bytes, sha256, write_output)
 from quantkit.calibration.tokenizer import resolve_tokenizer
 from quantkit.errors import QuantkitError
+from quantkit.outputs import OutputPolicy
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +51,15 @@ def default_log_path() -> Path:
 
 
 def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerConfig | None = None,
-              out: str | Path | None = None, **overrides: Any) -> CalibrationResult:
+              out: str | Path | None = None, overwrite: bool = False, **overrides: Any) -> CalibrationResult:
     """Draw a stratified calibration set from a traffic log and describe it.
 
     ``source`` is a JSONL/CSV/Parquet/.txt log or a saved HF datasets folder (``None``: the
     embedded default); ``tokenizer`` an object, a model folder, or ``None`` for the default
     model's; ``overrides`` are ``SamplerConfig`` fields. With ``out`` the set, manifest and
-    reports are written there (atomically).
+    reports are written there (atomically); an existing ``out`` is replaced only with ``overwrite``
+    and only when it is an earlier calibration output, never when it holds the log being read
+    (``quantkit.outputs``).
 
     Example:
         >>> res = calibrate("logs.jsonl", "models/my-model", num_samples=256, max_len=4096,
@@ -68,6 +71,10 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     if overrides:
         cfg = SamplerConfig.from_dict({**cfg.to_dict(), **overrides})
     path = Path(source) if source is not None else default_log_path()
+    policy = None
+    if out is not None:   # before any work: an output that may not be written fails first
+        policy = OutputPolicy("calibrate", {"traffic log": path, "tokenizer model": _given_path(tokenizer)})
+        policy.check(Path(out), overwrite)
     tok = resolve_tokenizer(tokenizer)
     raw = read_log(path)
     rows_read = len(raw.records) + raw.malformed.total  # lines that were not even records count too
@@ -100,8 +107,12 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
         files.update({"report.md": report_markdown(manifest).encode("utf-8"),
                       "report.html": report_html(manifest).encode("utf-8"),
                       "report.json": json_bytes(report_json(manifest))})
-        written = write_output(out, files)
+        written = write_output(out, files, policy, overwrite)
     return CalibrationResult(manifest=manifest, samples=samples, files=files, out=written)
+
+
+def _given_path(x: Any) -> Path | None:
+    return Path(x) if isinstance(x, (str, Path)) and str(x) and Path(x).exists() else None
 
 
 def _render(raw: RawLog, tokenizer: Any, cfg: SamplerConfig) -> list[Row]:

@@ -46,6 +46,7 @@ def calibrate_command(
     prompt_field: str = typer.Option("prompt", "--prompt-field", help="Column holding the prompt."),
     completion_field: str = typer.Option("completion", "--completion-field", help="Column holding the completion."),
     task_field: str = typer.Option("task", "--task-field", help="Column holding a task label ('' to always infer)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit calibrate output."),
 ) -> None:
     """Draw a calibration set covering every task type and length range of a traffic log, with a
     manifest and a coverage report (Markdown, HTML, JSON)."""
@@ -59,7 +60,7 @@ def calibrate_command(
             fields=FieldMap(messages=messages_field, prompt=prompt_field, completion=completion_field,
                             text=text_field, task=task_field or None))
         start = time.perf_counter()
-        result = calibrate(logs, model, cfg, out=out)
+        result = calibrate(logs, model, cfg, out=out, overwrite=overwrite)
     except QuantkitError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)

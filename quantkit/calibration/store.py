@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from quantkit.calibration.manifest import MANIFEST_FORMAT
 from quantkit.errors import QuantkitError
+from quantkit.formats.writer import ordinary_permissions
+from quantkit.outputs import OutputPolicy
 
 SAMPLES_FILE = "samples.jsonl"
 MANIFEST_FILE = "manifest.json"
@@ -41,26 +43,23 @@ def is_sampler_output(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST_FILE).is_file()
 
 
-def write_output(out: str | Path, files: dict[str, bytes]) -> Path:
-    """Write ``files`` (name -> bytes) as the folder ``out``, replacing an earlier sampler output."""
+def write_output(out: str | Path, files: dict[str, bytes], policy: OutputPolicy, overwrite: bool = False) -> Path:
+    """Write ``files`` (name -> bytes) as the folder ``out``: staged beside it, marked as
+    ``quantkit calibrate``'s output and renamed into place; an existing folder is replaced only
+    under ``policy`` (an earlier calibration output, with ``overwrite``)."""
     out = Path(out)
-    if out.exists() and not is_sampler_output(out) and (not out.is_dir() or any(out.iterdir())):
-        raise QuantkitError(f"{out}: exists and is not a calibration output folder; choose another --out")
+    policy.check(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, data in files.items():
-        (tmp / name).write_bytes(data)
-    if out.exists():
-        old = out.with_name(f"{out.name}.old-{os.getpid()}")
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old)
-    else:
-        tmp.rename(out)
-    return out
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        policy.stamp(tmp)
+        ordinary_permissions(tmp)
+        return policy.replace(tmp, out, overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_output(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -57,10 +57,11 @@ class EvalResult:
         from .report import to_json
         return to_json(self)
 
-    def save(self, out_dir: str | Path) -> Path:
-        """Write report.json, report.md and report.html into ``out_dir`` (atomically)."""
+    def save(self, out_dir: str | Path, overwrite: bool = False, policy=None) -> Path:
+        """Write report.json, report.md and report.html into ``out_dir`` (atomically); an existing
+        report folder is replaced only with ``overwrite`` (``quantkit.outputs``)."""
         from .report import save
-        return save(self, Path(out_dir))
+        return save(self, Path(out_dir), policy, overwrite)
 
 
 def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: int = 3) -> list[dict]:

@@ -10,6 +10,7 @@ import typer
 from ..device import check_device
 from ..errors import QuantkitError
 from ..formats.writer import check_parent
+from ..outputs import OutputPolicy, written_by
 from ..validation import check_flag
 from .verdict import noise_text
 
@@ -148,9 +149,11 @@ def evaluate_checkpoint(model, path: Path, recipe, calib: str | Path | None = No
         why = "a sampler folder does not name its log" if folder else "no calibration set was drawn from it"
         typer.echo(f"evaluation: no business slices from {calib} ({why}); add them with: quantkit eval "
                    f"--candidate {path} --calib LOG" + (f" --calib-sample {calib}" if folder else ""))
+    slot = Path(path) / "eval"
+    policy = OutputPolicy("eval", {"baseline model": model, "calibration log": log}, slot=slot)
     result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}),
                             calibration_log=log, calibration_sample=path if log is not None else None)
-    out = result.save(Path(path) / "eval")
+    out = result.save(slot, overwrite=True, policy=policy)
     typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
     for w in result.warnings:
         typer.echo(f"  warning: {w}")
@@ -185,6 +188,29 @@ def integrity_lines(result, most: int = 10) -> list[str]:
     return lines
 
 
+def report_output(out: Path | None, baseline, candidate, **inputs) -> tuple[Path, OutputPolicy]:
+    """Where ``quantkit eval`` writes and the policy that guards it (outputs.py). Without ``--out``
+    the report goes to ``CANDIDATE/eval``, the report slot of a checkpoint ``quantkit convert``
+    wrote; into any other folder the user gave, quantkit writes nothing."""
+    from ..models import cache_dir
+
+    slot = Path(candidate) / "eval"
+    ours = written_by(Path(candidate)) == "convert"
+    if out is None:
+        if not Path(candidate).is_dir():
+            from .checkpoint import resolve_dir
+            resolve_dir(candidate)   # its own error names the missing folder
+        if not ours:
+            raise QuantkitError(f"--out: needed: {candidate} is not a checkpoint quantkit convert wrote, and "
+                                "quantkit writes nothing into a folder it did not make")
+        out = slot
+    given = {"baseline model": baseline if baseline is not None else cache_dir(), "candidate checkpoint": candidate,
+             "calibration log": inputs.get("calib"), "calibration sample": inputs.get("calib_sample"),
+             "recipe": inputs.get("recipe"), "suite": inputs.get("suite")}
+    given = {k: v for k, v in given.items() if v is not None and Path(str(v)).exists()}
+    return Path(out), OutputPolicy("eval", given, slot=slot if ours else None)
+
+
 def eval_command(
     baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline model folder (default: the embedded SmolLM2-135M-Instruct)."),
     candidate: str = typer.Option(..., "--candidate", help="Quantized checkpoint folder (or any model folder)."),
@@ -202,17 +228,20 @@ def eval_command(
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
     kv: Optional[list[str]] = typer.Option(None, "--kv", help="Evaluate with a quantized KV cache: fp8-tensor, fp8-head, fp8-token-head, int8-token-head, int8-kivi (':k' / ':v' after one: only K / only V); repeat or comma-list to compare several on the long slices (the first is applied to every measure)."),
     unsafe_code_exec: bool = typer.Option(False, "--unsafe-code-exec", help="Run code items WITHOUT the bubblewrap sandbox (where it cannot be set up); the code can then do whatever your user can."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit eval report."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     try:
         tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
-        if out is not None or Path(candidate).is_dir():
-            check_parent(out or Path(candidate) / "eval")  # a report that cannot be written fails now
+        out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
+                                    recipe=recipe, suite=suite)
+        policy.check(out, overwrite)   # a report that may not or cannot be written fails now
+        check_parent(out)
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
                                 unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample)
-        path = result.save(out or Path(candidate) / "eval")
+        path = result.save(out, overwrite, policy)
     except QuantkitError as e:
         _fail(str(e))
     typer.echo(f"{result.decision}: {path / 'report.html'}")

@@ -10,7 +10,6 @@ import html
 import io
 import json
 import math
-import os
 import re
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from ..errors import QuantkitError
 from ..formats.writer import ordinary_permissions
+from ..outputs import OutputPolicy
 from .verdict import noise_text
 
 SCHEMA_VERSION = 1
@@ -595,19 +595,23 @@ def _integrity_html(integrity: dict, images: dict[str, str]) -> list[str]:
     return parts
 
 
-def save(result, out_dir: Path) -> Path:
-    data = to_json(result)
+def save(result, out_dir: Path, policy: OutputPolicy | None = None, overwrite: bool = False) -> Path:
+    """The three reports, staged beside ``out_dir`` and renamed into place under ``policy``
+    (outputs.py: an existing folder is replaced only with ``overwrite`` and only when it is an
+    earlier report)."""
+    policy = policy or OutputPolicy("eval")
     out_dir = Path(out_dir)
+    policy.check(out_dir, overwrite)
+    data = to_json(result)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         (tmp / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
+        policy.stamp(tmp)
         ordinary_permissions(tmp)  # mkdtemp makes it private; a report folder is for reading
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
+        policy.replace(tmp, out_dir, overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

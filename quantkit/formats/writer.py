@@ -21,16 +21,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..crashpoints import kill_point
+from ..disk_space import disk_full_error, is_disk_full
 from ..errors import QuantkitError
+from ..outputs import OutputPolicy
 
 
-def prepare_output(out: Path, overwrite: bool) -> None:
-    """Fail before any work when the destination exists and may not be replaced, or cannot be made."""
-    out = Path(out)
-    if out.exists() and not overwrite:
-        raise QuantkitError(f"{out}: output folder exists (use --overwrite to replace it)")
-    if out.exists() and not out.is_dir():
-        raise QuantkitError(f"{out}: exists and is not a folder")
+def prepare_output(out: Path, overwrite: bool, policy: OutputPolicy) -> None:
+    """Fail before any work when the destination may not be written (``outputs.py``: it exists
+    without ``overwrite``, is not quantkit's own output, or overlaps an input) or cannot be made."""
+    policy.check(Path(out), overwrite)
     check_parent(out)
 
 
@@ -69,6 +68,16 @@ def current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _save(tensors: dict[str, torch.Tensor], path: Path, nbytes: int, metadata: dict | None = None) -> None:
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except Exception as e:   # safetensors raises its own error type for a failed write
+        Path(path).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full_error(Path(path).parent, nbytes, f"writing {Path(path).name}") from None
+        raise
 
 
 class ShardWriter:
@@ -110,7 +119,7 @@ class ShardWriter:
         if not self._pending:
             return
         path = self.tmp / f"shard-{len(self._shards):05d}.safetensors"
-        save_file(self._pending, str(path), metadata={"format": "pt"})
+        _save(self._pending, path, self._pending_bytes, metadata={"format": "pt"})
         kill_point("shard:last" if last else f"shard:{len(self._shards)}", partial=path)
         self._shards.append((path, list(self._pending)))
         self._pending, self._pending_bytes = {}, 0
@@ -122,7 +131,7 @@ class ShardWriter:
         if not new:
             return
         name = f"part-{self._next_part:05d}.safetensors"
-        save_file(new, str(Path(folder) / name))
+        _save(new, Path(folder) / name, sum(t.numel() * t.element_size() for t in new.values()))
         self._parts.append(name)
         self._saved.update(new)
         self._next_part += 1
@@ -164,10 +173,11 @@ class ShardWriter:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def move_into_place(tmp: Path, out: Path, overwrite: bool) -> Path:
-    """Rename a finished folder to ``out`` (replacing it only with ``overwrite``)."""
+def move_into_place(tmp: Path, out: Path, overwrite: bool, policy: OutputPolicy) -> Path:
+    """Rename a finished folder to ``out``, marked as ``policy.command``'s output (replacing only
+    quantkit's own output of that command, and only with ``overwrite``)."""
     out = Path(out)
-    prepare_output(out, overwrite)
+    prepare_output(out, overwrite, policy)
     out.parent.mkdir(parents=True, exist_ok=True)
     staged = tmp
     if os.stat(tmp).st_dev != os.stat(out.parent).st_dev:
@@ -175,15 +185,9 @@ def move_into_place(tmp: Path, out: Path, overwrite: bool) -> Path:
         shutil.rmtree(staged)
         shutil.copytree(tmp, staged)
         shutil.rmtree(tmp, ignore_errors=True)
+    policy.stamp(staged)
     ordinary_permissions(staged)
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}")
-        os.replace(out, old)
-    os.replace(staged, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
+    return policy.replace(staged, out, overwrite)
 
 
 class DiscardWriter(ShardWriter):

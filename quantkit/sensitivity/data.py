@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import QuantkitError
+from ..outputs import OutputPolicy
 from ..scheme import QuantArgs
 from .units import FormatUnit
 
@@ -66,10 +67,11 @@ class Sensitivity:
             "seconds": self.seconds,
         }
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(_finite(self.to_dict()), indent=1) + "\n", encoding="utf-8")
-        return path
+    def save(self, path: str | Path, overwrite: bool = False, policy: "OutputPolicy | None" = None) -> Path:
+        """Write the JSON file ``path``: an existing file is replaced only with ``overwrite`` and only
+        when it is an earlier sensitivity file (``quantkit.outputs``)."""
+        data = (json.dumps(_finite(self.to_dict()), indent=1) + "\n").encode("utf-8")
+        return (policy or OutputPolicy("sensitivity")).write_file(Path(path), data, overwrite)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "sensitivity.json") -> "Sensitivity":

@@ -98,12 +98,16 @@ def test_output_is_replaced_atomically_and_guarded(saved, small_log, tokenizer, 
     other = tmp_path / "notes"
     other.mkdir()
     (other / "keep.txt").write_text("mine")
-    with pytest.raises(QuantkitError, match="notes: exists and is not a calibration output"):
+    with pytest.raises(QuantkitError, match="notes: output folder exists"):
         calibrate(small_log, tokenizer, num_samples=4, out=other)
+    with pytest.raises(QuantkitError, match="notes exists and is not a quantkit output"):
+        calibrate(small_log, tokenizer, num_samples=4, out=other, overwrite=True)
     assert (other / "keep.txt").read_text() == "mine"
     out = tmp_path / "calib"
     calibrate(small_log, tokenizer, num_samples=4, max_len=128, out=out)
-    calibrate(small_log, tokenizer, num_samples=6, max_len=128, out=out)
+    with pytest.raises(QuantkitError, match="calib: output folder exists"):
+        calibrate(small_log, tokenizer, num_samples=6, max_len=128, out=out)
+    calibrate(small_log, tokenizer, num_samples=6, max_len=128, out=out, overwrite=True)
     assert json.loads((out / "manifest.json").read_text())["counts"]["selected"] == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calib", "notes"]  # no tmp-/old- leftovers
 

@@ -76,7 +76,7 @@ def test_evaluate_checkpoint_uses_the_recipe_eval_section(folders):
     (["--suite", "numbers-xx"], "--suite: unknown slice 'numbers-xx'"),
 ])
 def test_bad_input_is_one_line_exit_2(folders, args, message):
-    full = ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"), *args]
+    full = ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"), "--overwrite", *args]
     r = CliRunner().invoke(app(), full)
     assert r.exit_code == 2 and message in r.stderr
     assert [line for line in r.stderr.splitlines() if line.startswith("error:")] == [r.stderr.splitlines()[-1]]
@@ -86,7 +86,7 @@ def test_unknown_eval_key_in_recipe(folders, tmp_path):
     bad = tmp_path / "r.yaml"
     bad.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": {"tresholds": {}}}))
     r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
-                                   "--recipe", str(bad)])
+                                   "--recipe", str(bad), "--overwrite"])
     assert r.exit_code == 2 and "r.yaml: eval: unknown key 'tresholds'" in r.output
 
 
