@@ -93,16 +93,22 @@ def _check_reachable(config, recipe: "Recipe", cands) -> None:
 
     m = recipe.mixed
     units, dtype = plan_units(config, recipe)
-    floor, params = 0, 0
+    floor, ceiling, params = 0, 0, 0
     for u in units:
         sizes = [u.nbytes(c.weights, dtype) for c in cands if all(fits(c.weights, i) for _, i in u.shapes)]
         if not sizes:
             raise QuantkitError(f"{recipe.origin}: mixed.candidates: none fits {u.name} (in_features "
                                 f"{', '.join(str(i) for _, i in u.shapes)})")
         floor += min(sizes)
+        ceiling += max(sizes)
         params += u.params
     cap = math.floor(m.budget_bits * params / 8) if m.budget_bits is not None else m.budget_bytes
+    said = f"{m.budget_bits} bits per weight" if m.budget_bits is not None else f"{m.budget_bytes} bytes"
     if floor > cap:
-        said = f"{m.budget_bits} bits per weight" if m.budget_bits is not None else f"{m.budget_bytes} bytes"
         raise QuantkitError(f"budget: {said} is below the smallest plan of these candidates "
                             f"({8 * floor / params:.4g} bits per weight, {floor} bytes)")
+    if cap > ceiling:
+        # every unit in its most precise candidate already fits: a search would only confirm that
+        raise QuantkitError(f"budget: {said} is above the largest plan of these candidates "
+                            f"({8 * ceiling / params:.4g} bits per weight, {ceiling} bytes, every unit at its "
+                            "most precise): give a budget in between")
