@@ -267,7 +267,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             _record_log(writer, warnings, drawn)
             shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
         except KeyboardInterrupt:
-            if book is not None and book.layers_done > 0:
+            # several ranks are never resumed (check_data_parallel): nothing worth keeping
+            if book is not None and book.layers_done > 0 and distributed.world_size() == 1:
                 raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
             writer.abort()
             raise
