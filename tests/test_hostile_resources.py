@@ -184,3 +184,31 @@ def _stopped(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
     except OSError:
         return False
+
+
+# -- calibration rows ----------------------------------------------------------------------------
+def test_a_50_mb_calibration_row_is_skipped_unread_and_the_log_refused(case):
+    log = case.root / "big.jsonl"
+    with open(log, "w") as fh:   # one row of 50 MB: over the 4 MiB line limit for max_len 2048
+        fh.write('{"text": "' + "a" * 50_000_000 + '"}\n')
+    res = case.run(["calibrate", log, "--model", case.model, "--out", case.root / "calib"])
+    assert_refused(res, str(log), "line_too_long 1 (first lines 1)")
+    _assert_bounded(res)
+
+
+def test_long_rows_are_cut_while_read_and_still_counted_truncated(tmp_path):
+    import json
+
+    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.io import read_log, row_byte_limit
+
+    log = tmp_path / "long.jsonl"
+    rows = [{"text": f"row {i} " + "x" * 5000} for i in range(4)] + [{"text": "y" * (5 << 20)}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raw = read_log(log, row_byte_limit(64))
+    assert [n for n, _ in raw.records] == [1, 2, 3, 4] and raw.malformed.counts == {"line_too_long": 1}
+    model = make_llama_dir(tmp_path / "m", vocab=260)
+    save_byte_tokenizer(model)
+    res = calibrate(log, str(model), num_samples=4, max_len=64, max_malformed_share=0.5)
+    assert res.manifest["counts"]["truncated_selected"] == 4
+    assert all(len(s["text"]) == 64 * 16 and len(s["input_ids"]) == 64 for s in res.samples)
