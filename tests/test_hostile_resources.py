@@ -212,3 +212,22 @@ def test_long_rows_are_cut_while_read_and_still_counted_truncated(tmp_path):
     res = calibrate(log, str(model), num_samples=4, max_len=64, max_malformed_share=0.5)
     assert res.manifest["counts"]["truncated_selected"] == 4
     assert all(len(s["text"]) == 64 * 16 and len(s["input_ids"]) == 64 for s in res.samples)
+
+
+# -- calibration sizes ---------------------------------------------------------------------------
+# The model's limits come from its config, which transformers reads: these refusals pay for its
+# import (about 5 to 8 s on this loaded 2-core machine, measured), not for any calibration work
+CONFIG_REFUSE_SECONDS = 20.0
+
+
+@pytest.mark.parametrize("flags,names", [
+    (["--max-seq-len", "99999999999"], ["calibration.max_seq_len", "--max-seq-len", "99999999999",
+                                        "max_position_embeddings"]),
+    (["--num-samples", "999999999", "--max-seq-len", "128"], ["calibration.num_samples", "999999999 x 128",
+                                                               "bytes available"]),
+])
+def test_calibration_sizes_past_the_model_or_the_memory_are_refused_up_front(case, flags, names):
+    res = case.run(["convert", case.model, "--recipe", "w4a16-gptq", "--group-size", "32", *flags,
+                    "--out", case.root / "out", "--no-eval"])
+    assert_refused(res, *names)
+    assert res.seconds < CONFIG_REFUSE_SECONDS and res.peak_rss_bytes < REFUSE_RSS, res
