@@ -8,10 +8,16 @@
 
 __version__ = "0.1.0"
 
-from .api import QuantizedModel, quantize
+from .lazy import lazy_attributes
 from .errors import QuantkitError
-from .loader import load
-from .recipe import Recipe, load_recipe
-from .scheme import PRESETS, QuantArgs, QuantScheme
+
+# Where each public name lives. They are imported when first used (PEP 562): the command line
+# imports this package before anything else, and a command refusing a bad flag or file should
+# not wait for torch and transformers to load first.
+_LAZY = {"quantize": ".api", "QuantizedModel": ".api", "load": ".loader", "Recipe": ".recipe",
+         "load_recipe": ".recipe", "PRESETS": ".scheme", "QuantArgs": ".scheme", "QuantScheme": ".scheme"}
+
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = ["quantize", "load", "QuantizedModel", "Recipe", "load_recipe", "QuantArgs", "QuantScheme", "PRESETS", "QuantkitError", "__version__"]

@@ -147,6 +147,29 @@ def resolve_calibration(source: "str | Path | Sequence | None", recipe: Recipe, 
                             policy=settings.policy, record=record)
 
 
+def check_calibration_size(recipe: Recipe, config) -> None:
+    """Refuse, before any work, calibration settings no run could hold: ``max_seq_len`` above
+    the model's ``max_position_embeddings`` (when its config has one), or one layer's
+    calibration activations (``num_samples * max_seq_len * hidden_size * 4`` bytes, float32)
+    larger than the memory available now (``calibration.offload`` keeps them on disk instead:
+    then only the length is checked)."""
+    from .pipeline.memory import available_memory
+
+    c = recipe.calibration
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and c.max_seq_len > limit:
+        raise QuantkitError(f"calibration.max_seq_len (or --max-seq-len): {c.max_seq_len} is above the model's "
+                            f"max_position_embeddings {limit} (the limit)")
+    hidden = getattr(config, "hidden_size", None)
+    if c.offload or not isinstance(hidden, int):
+        return
+    need, free = c.num_samples * c.max_seq_len * hidden * 4, available_memory()
+    if need > free:
+        raise QuantkitError(f"calibration.num_samples x calibration.max_seq_len (or --num-samples x --max-seq-len): "
+                            f"{c.num_samples} x {c.max_seq_len} tokens need {need} bytes of activations per layer "
+                            f"(x hidden_size {hidden} x 4), above the {free} bytes available (the limit)")
+
+
 def _tokenizer(folder: Path | None):
     from transformers import AutoTokenizer
 
@@ -254,6 +277,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         # a sensitivity search scores calibration text even for a recipe that takes none
         searching = recipe.mixed is not None and isinstance(plan_source, list)
         if recipe.needs_calibration or searching:
+            check_calibration_size(recipe, config)
             samples = resolve_calibration(calibration, recipe, folder, warn, record=drawn)
             kv = recipe.kv_cache
             if kv is not None and kv.long_rows:
@@ -292,7 +316,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
             _record_log(writer, warnings, drawn)
             shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
         except KeyboardInterrupt:
-            if book is not None and book.layers_done > 0:
+            # several ranks are never resumed (check_data_parallel): nothing worth keeping
+            if book is not None and book.layers_done > 0 and distributed.world_size() == 1:
                 raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
             writer.abort()
             raise

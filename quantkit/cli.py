@@ -78,13 +78,13 @@ def convert(
     except ValueError:   # not the main thread (an embedding application): leave its handler
         previous = None
     try:
-        from .api import conversion_inputs, quantize
+        # the flags and the recipe are checked before the pipeline's modules (transformers) load:
+        # a refused command answers in about the time Python takes to import torch
         from .evaluation.section import check_eval_section
-        from .formats.writer import prepare_output
         from .recipe import load_recipe
         from . import distributed
 
-        ranks = distributed.parse_nproc(nproc)
+        ranks = distributed.parse_nproc(nproc, device)
         launched = distributed.launched_ranks()
         if ranks is not None and launched > 1 and ranks != launched:
             raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
@@ -94,6 +94,9 @@ def convert(
             group_size, None, num_samples, max_seq_len, calib, budget_bits=None if go else _budget(budget),
             sensitivity=sensitivity, smallest_go=go)
         go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
+        from .api import conversion_inputs, quantize
+        from .formats.writer import prepare_output
+
         model_name = Path(model).name if model else "smollm2-135m-instruct"
         out = out or Path("out") / f"{model_name}-{r.name}"
         device = distributed.initialize(device)   # joins torchrun's process group, if it started this one
@@ -101,7 +104,7 @@ def convert(
         if writes:
             prepare_output(out, overwrite, OutputPolicy("convert", conversion_inputs(model, r, recipe, calib)))
         if ranks is not None and ranks > 1 and launched == 1:
-            _launch(ranks)   # the ranks check and convert again; this process only waits
+            _launch(ranks, out)   # the ranks check and convert again; this process only waits
         banner = (f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
                   f"[recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]")
 
@@ -142,17 +145,27 @@ def convert(
         distributed.shutdown()
 
 
-def _launch(nproc: int) -> None:
-    """Run this command again under torchrun on ``nproc`` local ranks; exit with its status."""
+def _launch(nproc: int, out: Path) -> None:
+    """Run this command again under torchrun on ``nproc`` local ranks; exit with its status.
+
+    No process of the run outlives this one (``launch.run_ranks``), and no staging folder for
+    ``out`` that a stopped rank left behind."""
     import os
-    import subprocess
+    import shutil
+    import tempfile
 
     from .distributed import free_port, launch_argv
+    from .launch import remove_dead_staging, run_ranks
 
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")   # torchrun's own default for several ranks, without its warning
-    cmd = [sys.executable, *launch_argv(nproc, sys.argv[1:], free_port())]
-    raise typer.Exit(code=subprocess.run(cmd, env=env).returncode)
+    logs = tempfile.mkdtemp(prefix="quantkit-torchrun-")   # removed with the run, however it ends
+    try:
+        code = run_ranks([sys.executable, *launch_argv(nproc, sys.argv[1:], free_port(), logs)], env)
+    finally:
+        remove_dead_staging(out)
+        shutil.rmtree(logs, ignore_errors=True)
+    raise typer.Exit(code=code)
 
 
 def _budget(text: str | None) -> float | None:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .errors import QuantkitError
+from .validation import short
 
 
 def world_size() -> int:
@@ -52,6 +53,10 @@ def initialize(device: str) -> str:
     Gloo on the CPU, NCCL on GPUs: everything else is the same code path."""
     if launched_ranks() <= 1 or dist.is_initialized():
         return device
+    from .launch import die_with_parent
+
+    # a rank outlives nothing: when torchrun's agent dies (even by SIGKILL), the rank is stopped
+    die_with_parent(os.getppid())
     cuda = device.startswith("cuda")
     if cuda and device == "cuda":
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
@@ -157,8 +162,10 @@ def check_data_parallel(recipe, resume: bool) -> None:
         raise QuantkitError(f"--nproc: {n} ranks cannot run this conversion yet: {problems[0]}; use --nproc 1")
 
 
-def parse_nproc(text: str | None) -> int | None:
-    """``--nproc``: a whole number of ranks, at least 1 (None when not given)."""
+def parse_nproc(text: str | None, device: str = "cpu") -> int | None:
+    """``--nproc``: a whole number of ranks, at least 1 and at most ``rank_capacity(device)``
+    (None when not given). More ranks than CPUs (or GPUs) is refused before any starts: each
+    rank holds the whole model, so oversubscribed ranks only add memory and contend for cores."""
     if text is None:
         return None
     try:
@@ -166,13 +173,33 @@ def parse_nproc(text: str | None) -> int | None:
     except ValueError:
         n = 0
     if n < 1 or str(n) != text.strip().lstrip("+"):
-        raise QuantkitError(f"--nproc: expected a whole number of ranks >= 1, got {text!r}")
+        raise QuantkitError(f"--nproc: expected a whole number of ranks >= 1, got {short(text)}")
+    capacity, what = rank_capacity(device)
+    if n > capacity:
+        unit = "GPU" if device.startswith("cuda") else "CPU"
+        raise QuantkitError(f"--nproc: {n} ranks, but this process may use {capacity} {what} "
+                            f"(the limit: at most one rank per {unit})")
     return n
 
 
-def launch_argv(nproc: int, argv: list[str], port: int) -> list[str]:
+def rank_capacity(device: str) -> tuple[int, str]:
+    """How many ranks ``device`` can run side by side, and what they are counted in: the GPUs
+    torch sees for ``cuda``, else the CPUs this process may run on (its affinity mask, which a
+    container's or ``taskset``'s CPU set narrows; not ``os.cpu_count()``)."""
+    if device.startswith("cuda"):
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        return n, "GPUs" if n != 1 else "GPU"
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):   # no affinity call on this platform
+        n = os.cpu_count() or 1
+    return n, "CPUs" if n != 1 else "CPU"
+
+
+def launch_argv(nproc: int, argv: list[str], port: int, log_dir: str | None = None) -> list[str]:
     """The torchrun command that runs ``argv`` (quantkit's arguments, ``--nproc`` dropped) on
-    ``nproc`` local ranks."""
+    ``nproc`` local ranks; torchrun keeps its logs in ``log_dir`` (None: a folder of its own in
+    TMPDIR, which it leaves behind when stopped)."""
     args, skip = [], False
     for a in argv:
         if skip:
@@ -181,8 +208,9 @@ def launch_argv(nproc: int, argv: list[str], port: int) -> list[str]:
             skip = True
         elif not a.startswith("--nproc="):
             args.append(a)
+    logs = ["--log-dir", log_dir] if log_dir is not None else []
     return ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr", "127.0.0.1",
-            "--master-port", str(port), "-m", "quantkit", *args]
+            "--master-port", str(port), *logs, "-m", "quantkit", *args]
 
 
 def free_port() -> int:

@@ -29,14 +29,14 @@ import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
-import yaml
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
 from .errors import QuantkitError
 from .kv_cache import KVCacheScheme
+from .safe_yaml import load_yaml_file
 from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
 from .sensitivity.settings import MixedSettings
-from .validation import build_options, check_flag, checked_options, config, invalid, parse
+from .validation import build_options, check_flag, checked_options, config, invalid, parse, short, short_text
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -49,7 +49,7 @@ def _read_size(value: Any) -> Any:
     if isinstance(value, str):
         size = _size_bytes(value)
         if size is None:
-            raise invalid(f"cannot read size {value!r} (e.g. '2GB', '500MiB')")
+            raise invalid(f"cannot read size {short(value)} (e.g. '2GB', '500MiB')")
         return size
     return value
 
@@ -171,17 +171,7 @@ class Recipe:
     @classmethod
     def from_file(cls, path: str | Path, check_eval: EvalCheck | None = None) -> "Recipe":
         path = Path(path)
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise QuantkitError(f"{path}: recipe file not found") from None
-        except IsADirectoryError:
-            raise QuantkitError(f"{path}: is a folder, not a recipe file") from None
-        except OSError as e:
-            raise QuantkitError(f"{path}: cannot read the recipe ({e.strerror or e})") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise QuantkitError(f"{path}: not valid YAML ({first})") from None
+        data = load_yaml_file(path, "recipe file")   # size, alias expansion and depth bounded
         if data is None:
             data = {}
         if isinstance(data, Mapping) and "name" not in data:
@@ -283,14 +273,14 @@ class _RecipeFile:
     def _preset(cls, value: Any) -> Any:
         if isinstance(value, str):
             if value.upper() not in PRESETS:
-                raise invalid(f"unknown preset '{value}' (known: {', '.join(PRESETS)})")
+                raise invalid(f"unknown preset '{short_text(value)}' (known: {', '.join(PRESETS)})")
             return PRESETS[value.upper()]
         return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "_RecipeFile":
         if self.version != RECIPE_VERSION:
-            raise invalid(f"unsupported recipe version {self.version!r} (this quantkit reads {RECIPE_VERSION})",
+            raise invalid(f"unsupported recipe version {short(self.version)} (this quantkit reads {RECIPE_VERSION})",
                           "version")
         if (self.scheme is None) == (self.config_groups is None):
             raise invalid("give exactly one of 'scheme' (a preset name or mapping) and 'config_groups'", "scheme")
@@ -332,8 +322,8 @@ def _entries(f: _RecipeFile) -> list[_Entry]:
         elif isinstance(step, Mapping) and len(step) == 1 and isinstance(next(iter(step)), str):
             (name, options), = step.items()
         else:
-            raise QuantkitError(f"{at}: expected a step name or a mapping {{name: options}}, got {step!r}")
-        entries.append(_Entry(name, options, at, f"{at}.{name}", "step"))
+            raise QuantkitError(f"{at}: expected a step name or a mapping {{name: options}}, got {short(step)}")
+        entries.append(_Entry(name, options, at, f"{at}.{short_text(name)}", "step"))
     return entries
 
 
@@ -347,9 +337,9 @@ def _chain(entries: list[_Entry]) -> tuple[StepSpec, ...]:
     for e in entries:
         cls = ALGORITHMS.get(e.name)
         if cls is None:
-            raise QuantkitError(f"{e.at}: unknown {e.noun} '{e.name}' (known: {', '.join(sorted(ALGORITHMS))})")
+            raise QuantkitError(f"{e.at}: unknown {e.noun} '{short_text(e.name)}' (known: {', '.join(sorted(ALGORITHMS))})")
         if e.options is not None and not isinstance(e.options, Mapping):
-            raise QuantkitError(f"{e.options_at}: expected a mapping of options, got {e.options!r}")
+            raise QuantkitError(f"{e.options_at}: expected a mapping of options, got {short(e.options)}")
         values = checked_options(cls, e.options, e.options_at)
         build_options(cls, values, e.options_at)  # the step's own checks (ranges) run now, not mid-run
         steps.append(StepSpec(e.name, values))
@@ -415,4 +405,4 @@ def load_recipe(recipe: "str | Path | Recipe | Mapping | None", check_eval: Eval
     if text.upper() in PRESETS:
         return Recipe.from_dict({"scheme": text.upper(), "name": text.lower()})
     known = sorted(p.stem for p in RECIPES_DIR.glob("*.yaml")) if RECIPES_DIR.exists() else []
-    raise QuantkitError(f"--recipe: no recipe file, shipped recipe or preset named '{text}' (shipped: {', '.join(known)}; presets: {', '.join(PRESETS)})")
+    raise QuantkitError(f"--recipe: no recipe file, shipped recipe or preset named '{short_text(text)}' (shipped: {', '.join(known)}; presets: {', '.join(PRESETS)})")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import reprlib
 import types
 import typing
 from typing import Any, Annotated, Mapping, TypeVar, Union, get_args, get_origin
@@ -155,7 +156,7 @@ def error_line(err: ValidationError, where: str = "", root: type | None = None) 
     if kind in ("extra_forbidden", "unexpected_keyword_argument"):
         key = loc.pop()
         allowed = _allowed_keys(root, loc)
-        message = f"unknown key '{key}'" + (f" (allowed: {', '.join(allowed) or 'none'})" if allowed is not None else "")
+        message = f"unknown key '{short_text(key)}'" + (f" (allowed: {', '.join(allowed) or 'none'})" if allowed is not None else "")
     else:
         if kind == "quantkit" and ctx.get("key"):
             loc += ctx["key"].split(".")
@@ -171,7 +172,8 @@ def join_path(where: str, loc: list) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out = f"{out}.{part}" if out else str(part)
+            part = short_text(part)   # a key from the file: quoted only as a prefix
+            out = f"{out}.{part}" if out else part
     return out
 
 
@@ -203,9 +205,46 @@ def _message(kind: str, got: Any, ctx: dict, default: str) -> str:
     return f"{default[:1].lower()}{default[1:]}, got {_show(got)}"
 
 
+#: Characters of a user's value an error line quotes at most (``short``).
+SHORT_CHARS = 60
+
+
+def _short_repr() -> reprlib.Repr:
+    r = reprlib.Repr()
+    # strings are cut before repr() sees them, containers after a few items and two levels:
+    # rendering never costs more than the quoted prefix, however large the value
+    r.maxstring = r.maxother = r.maxlong = SHORT_CHARS
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 4
+    r.maxlevel = 2
+    return r
+
+
+_REPR = _short_repr()
+
+
+def short(value: Any) -> str:
+    """``repr(value)`` cut to at most about ``SHORT_CHARS`` characters, rendered from a prefix of
+    the value only (an alias-expanded or megabyte-long value costs no more than a short one).
+
+    >>> short("x" * 10**6)[:10], len(short("x" * 10**6)) <= SHORT_CHARS + 3
+    ("'xxxxxxxxx", True)
+    """
+    try:
+        text = _REPR.repr(value)
+    except ValueError:   # an integer past Python's digit limit for str()
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= SHORT_CHARS + 3 else text[:SHORT_CHARS] + "..."
+
+
+def short_text(value: Any) -> str:
+    """``str(value)`` of a name the user gave (a key, a step), cut to ``SHORT_CHARS`` characters."""
+    if not isinstance(value, str):
+        return short(value)
+    return value if len(value) <= SHORT_CHARS else value[:SHORT_CHARS] + "..."
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short(value)
 
 
 def _kind(value: Any) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from quantkit.calibration.allocate import allocate
 from quantkit.calibration.config import SamplerConfig
 from quantkit.calibration.encoding import (encode_ids, special_affixes, tokenizer_fingerprint,
                                            truncate, with_affixes)
-from quantkit.calibration.io import Malformed, RawLog, file_sha256, read_log
+from quantkit.calibration.io import Malformed, RawLog, file_sha256, read_log, row_byte_limit, row_char_limit
 from quantkit.calibration.manifest import build_manifest, coverage_warnings
 from quantkit.calibration.render import Row, RowError, chat_renderer, render_record
 from quantkit.calibration.report import report_html, report_json, report_markdown
@@ -75,9 +76,12 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     if out is not None:   # before any work: an output that may not be written fails first
         policy = OutputPolicy("calibrate", {"traffic log": path, "tokenizer model": _given_path(tokenizer)})
         policy.check(Path(out), overwrite)
-    tok = resolve_tokenizer(tokenizer)
-    raw = read_log(path)
+    raw = read_log(path, row_byte_limit(cfg.max_len))
     rows_read = len(raw.records) + raw.malformed.total  # lines that were not even records count too
+    # rendering only adds malformed rows: a log already over the limit is refused before the
+    # tokenizer (and transformers) loads
+    _check_share(path, raw, rows_read, cfg)
+    tok = resolve_tokenizer(tokenizer)
     rows = _render(raw, tok, cfg)
     _check_malformed(path, raw, rows_read, len(rows), cfg)
     affixes = special_affixes(tok)
@@ -117,24 +121,33 @@ def _given_path(x: Any) -> Path | None:
 
 def _render(raw: RawLog, tokenizer: Any, cfg: SamplerConfig) -> list[Row]:
     render_chat = chat_renderer(tokenizer)
+    limit = row_char_limit(cfg.max_len)
     rows = []
     for line, record in raw.records:
         try:
-            rows.append(render_record(line, record, cfg.fields, render_chat))
+            row = render_record(line, record, cfg.fields, render_chat)
         except RowError as err:
             raw.malformed.add(err.reason, line)
+            continue
+        if len(row.text) > limit:   # what a max_len-token sample can hold, and no more, is tokenised
+            row = dataclasses.replace(row, text=row.text[:limit])
+        rows.append(row)
     return rows
 
 
 def _check_malformed(path: Path, raw: RawLog, rows_read: int, valid: int, cfg: SamplerConfig) -> None:
+    _check_share(path, raw, rows_read, cfg)
+    if valid == 0:
+        raise QuantkitError(f"{path}: no usable rows (fields: {cfg.fields})")
+
+
+def _check_share(path: Path, raw: RawLog, rows_read: int, cfg: SamplerConfig) -> None:
     if rows_read == 0:
         raise QuantkitError(f"{path}: no rows")
     share = raw.malformed.total / rows_read
     if share > cfg.max_malformed_share:
         raise QuantkitError(f"{path}: {100 * share:.1f}% of {rows_read} rows malformed (limit "
                             f"{100 * cfg.max_malformed_share:g}%): {raw.malformed.summary()}")
-    if valid == 0:
-        raise QuantkitError(f"{path}: no usable rows (fields: {cfg.fields})")
 
 
 def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int, max_seq_len: int,

@@ -14,7 +14,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Iterator
 
 from quantkit.errors import QuantkitError
 
@@ -77,8 +77,36 @@ def detect_kind(path: Path) -> str:
                         "(use .jsonl, .csv, .parquet, .txt or a HF datasets folder)")
 
 
-def read_log(path: str | Path) -> RawLog:
-    """Read every record of a log; unreadable lines go to the malformed tally."""
+#: Characters of text a token rarely exceeds: a row's text is cut at ``max_len`` times this
+#: (``row_char_limit``), which keeps every token a ``max_len``-token sample can hold.
+CHARS_PER_TOKEN = 16
+#: Bytes of one JSONL line per character kept: JSON escapes a character in up to 6 bytes
+#: (``\uXXXX``) and a chat row repeats keys and roles around its text.
+LINE_BYTES_PER_CHAR = 8
+#: The smallest line limit, whatever ``max_len``: a short context does not make a row of a few
+#: MiB malformed.
+MIN_ROW_BYTES = 4 << 20
+
+
+def row_char_limit(max_len: int) -> int:
+    """Characters of a row's text kept for a ``max_len``-token sample: ``max_len * 16``. A row cut
+    there still holds more than ``max_len`` tokens unless its tokens average more than 16
+    characters, so it is still counted (and truncated) as a long row."""
+    return max_len * CHARS_PER_TOKEN
+
+
+def row_byte_limit(max_len: int) -> int:
+    """The longest JSONL line read for a ``max_len``-token sample: ``max(4 MiB, max_len * 128)``
+    bytes (8 bytes of line per character kept). A longer line is skipped as ``line_too_long``,
+    read past in 1 MiB chunks, never held whole."""
+    return max(MIN_ROW_BYTES, row_char_limit(max_len) * LINE_BYTES_PER_CHAR)
+
+
+def read_log(path: str | Path, max_row_bytes: int | None = None) -> RawLog:
+    """Read every record of a log; unreadable lines go to the malformed tally.
+
+    ``max_row_bytes``: JSONL lines longer than this are skipped as malformed (``line_too_long``)
+    without being held in memory (see ``row_byte_limit``); None: no limit."""
     path = Path(path)
     if not path.exists():
         raise QuantkitError(f"{path}: no such file or folder")
@@ -86,7 +114,7 @@ def read_log(path: str | Path) -> RawLog:
     reader = {"jsonl": _read_jsonl, "csv": _read_csv, "parquet": _read_parquet,
               "hf_dataset": _read_hf_dataset, "text": _read_text}[kind]
     malformed = Malformed()
-    records = reader(path, malformed)
+    records = _read_jsonl(path, malformed, max_row_bytes) if kind == "jsonl" else reader(path, malformed)
     return RawLog(path=path, kind=kind, records=records, malformed=malformed)
 
 
@@ -104,12 +132,15 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
-def _read_jsonl(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, Any]]]:
+def _read_jsonl(path: Path, malformed: Malformed, max_row_bytes: int | None = None) -> list[tuple[int, dict[str, Any]]]:
     if path.suffix.lower() == ".json" and _starts_with(path, b"["):
         return _read_json_array(path, malformed)
     records = []
     with open(path, "rb") as fh:
-        for lineno, raw in enumerate(fh, start=1):
+        for lineno, raw in enumerate(_bounded_lines(fh, max_row_bytes), start=1):
+            if raw is None:
+                malformed.add("line_too_long", lineno)
+                continue
             if not raw.strip():
                 continue  # blank lines are layout, not rows
             try:
@@ -127,6 +158,26 @@ def _read_jsonl(path: Path, malformed: Malformed) -> list[tuple[int, dict[str, A
                 continue
             records.append((lineno, obj))
     return records
+
+
+def _bounded_lines(fh: BinaryIO, limit: int | None) -> Iterator[bytes | None]:
+    """The file's lines; None for a line over ``limit`` bytes, whose rest is read past in 1 MiB
+    chunks (memory stays within ``limit`` plus a chunk, however long the line)."""
+    if limit is None:
+        yield from fh
+        return
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) <= limit:
+            yield line
+            continue
+        while not line.endswith(b"\n"):
+            line = fh.readline(1 << 20)
+            if not line:
+                break
+        yield None
 
 
 def _starts_with(path: Path, prefix: bytes) -> bool:

@@ -4,11 +4,18 @@ a GO / REVIEW / NO-GO verdict with reasons, the report, and the deployment plan.
 >>> from quantkit.evaluation import evaluate, plan           # doctest: +SKIP
 >>> evaluate(base, cand, tok, max_len=4096).save("out/eval")  # doctest: +SKIP
 """
-from .api import EvalResult, evaluate
-from .cli import evaluate_checkpoint, evaluate_paths
+from ..lazy import lazy_attributes
+# light, and eager on purpose: ``plan`` is also a submodule's name, which a lazy attribute would
+# lose to the module once anything imported quantkit.evaluation.plan
 from .plan import Footprint, plan
-from .slices import Slice, SuiteOptions, load_suite
 from .verdict import Thresholds, Verdict, decide
+
+# The rest is imported when first used (PEP 562): the command line registers this package's
+# commands without loading transformers, which only a running evaluation needs.
+_LAZY = {"EvalResult": ".api", "evaluate": ".api", "evaluate_checkpoint": ".cli", "evaluate_paths": ".cli",
+         "Slice": ".slices", "SuiteOptions": ".slices", "load_suite": ".slices"}
+
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 __all__ = ["evaluate", "evaluate_paths", "evaluate_checkpoint", "EvalResult", "plan", "Footprint", "Slice", "SuiteOptions", "load_suite",
            "Thresholds", "Verdict", "decide"]

@@ -26,6 +26,7 @@ from pathlib import Path
 from ..errors import QuantkitError
 
 _CODE = re.compile(r"^[a-z]{2,3}$")
+_FRONT_MATTER = re.compile(r"^(\s*---(?:\r\n|\r|\n))([\S\s]*?)((?:\r\n|\r|\n)---[ \t]*(\r\n|\n|$))")
 _SUFFIX = re.compile(r"-([a-z]{2,3})$")
 
 
@@ -61,7 +62,8 @@ def model_card_languages(folder: str | Path | None) -> tuple[str, ...] | None:
     """The ``language:`` of ``folder/README.md``'s YAML front matter; None when there is no
     card, no front matter, no usable ``language:`` or it says ``multilingual``."""
     import yaml
-    from huggingface_hub.repocard import metadata_load
+
+    from ..safe_yaml import MAX_YAML_BYTES, load_yaml_text
 
     if folder is None:
         return None
@@ -69,8 +71,13 @@ def model_card_languages(folder: str | Path | None) -> tuple[str, ...] | None:
     if not card.is_file():
         return None
     try:
-        meta = metadata_load(card)  # the card's YAML front matter, as the Hub reads it
-    except (ValueError, UnicodeDecodeError, OSError, yaml.YAMLError):
+        with open(card, "rb") as fh:
+            head = fh.read(MAX_YAML_BYTES)   # the front matter comes first; a card's prose may be long
+        # the front matter as the Hub reads it (huggingface_hub's repocard.REGEX_YAML_BLOCK), parsed
+        # under safe_yaml's limits: an alias bomb in a card is an unreadable card, not a hang
+        match = _FRONT_MATTER.search(head.decode("utf-8", errors="replace"))
+        meta = load_yaml_text(match.group(2)) if match else None
+    except (ValueError, OSError, RecursionError, yaml.YAMLError):
         return None
     langs = meta.get("language") if isinstance(meta, dict) else None
     if isinstance(langs, str):

@@ -51,14 +51,14 @@ def _from_log(source: str | Path | None, n: int, max_len: int, tok) -> tuple[lis
     from ..calibration.api import _render, default_log_path
     from ..calibration.config import SamplerConfig
     from ..calibration.encoding import count_tokens, encode_ids, special_affixes, truncate, with_affixes
-    from ..calibration.io import read_log
+    from ..calibration.io import read_log, row_byte_limit
     from ..calibration.store import is_sampler_output, read_output
 
     path = Path(source) if source is not None and str(source) != "default" else default_log_path()
     if is_sampler_output(path):
         texts = [s["text"] for s in read_output(path)[1]]
     else:
-        texts = [r.text for r in _render(read_log(path), tok, SamplerConfig(max_len=max_len))]
+        texts = [r.text for r in _render(read_log(path, row_byte_limit(max_len)), tok, SamplerConfig(max_len=max_len))]
     affixes = special_affixes(tok)
     counts = count_tokens(tok, texts, max_len, affixes)
     order = np.argsort(-counts, kind="stable")[:n]
