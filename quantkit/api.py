@@ -36,8 +36,8 @@ from .pipeline import PipelineResult, run_pipeline
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
 from .sensitivity.settings import DEFAULT_TOKENS
-from .model_folder import copy_side_files
-from .source import SafetensorsSource, StateDictSource, read_config_json
+from .model_folder import copy_side_files, read_config_json
+from .source import SafetensorsSource, StateDictSource
 
 _logger = logging.getLogger("quantkit")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")

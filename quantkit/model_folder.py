@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from .errors import QuantkitError
+from .validation import json_object
 
 
 # The files of a model folder that travel with its checkpoint, by name: nothing else the folder
@@ -60,3 +61,17 @@ def check_links(folder: str | Path) -> None:
         if target != allowed and allowed not in target.parents:
             raise QuantkitError(f"{p}: a symbolic link to {target}, outside the model folder; quantkit follows "
                                 "links only within it (copy the file in if you mean it)")
+
+
+def read_config_json(folder: str | Path) -> dict:
+    """A model folder's ``config.json`` as a mapping, or one line naming the file and the fault."""
+    path = Path(folder) / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise QuantkitError(f"{path}: not found (is this a Hugging Face model folder?)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise QuantkitError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    if not text.strip():
+        raise QuantkitError(f"{path}: empty file, not a model config")
+    return json_object(text, str(path))

@@ -23,7 +23,6 @@ from safetensors import safe_open
 
 from .errors import QuantkitError
 from .model_folder import check_links
-from .validation import json_object
 
 
 class SafetensorsSource:
@@ -152,20 +151,6 @@ _DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch
            "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64,
            "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
            "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
-
-
-def read_config_json(folder: str | Path) -> dict:
-    """A model folder's ``config.json`` as a mapping, or one line naming the file and the fault."""
-    path = Path(folder) / "config.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise QuantkitError(f"{path}: not found (is this a Hugging Face model folder?)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise QuantkitError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
-    if not text.strip():
-        raise QuantkitError(f"{path}: empty file, not a model config")
-    return json_object(text, str(path))
 
 
 class StateDictSource:

@@ -25,6 +25,7 @@ from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_
 from quantkit.calibration.tokenizer import resolve_tokenizer
 from quantkit.errors import QuantkitError
 from quantkit.outputs import OutputPolicy
+from quantkit.model_folder import read_config_json
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     if overrides:
         cfg = SamplerConfig.from_dict({**cfg.to_dict(), **overrides})
     path = Path(source) if source is not None else default_log_path()
+    _check_model_length(cfg, tokenizer)
     policy = None
     if out is not None:   # before any work: an output that may not be written fails first
         policy = OutputPolicy("calibrate", {"traffic log": path, "tokenizer model": _given_path(tokenizer)})
@@ -113,6 +115,18 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
                       "report.json": json_bytes(report_json(manifest))})
         written = write_output(out, files, policy, overwrite)
     return CalibrationResult(manifest=manifest, samples=samples, files=files, out=written)
+
+
+def _check_model_length(cfg: SamplerConfig, tokenizer: Any) -> None:
+    """``max_len`` within the model's ``max_position_embeddings``, when ``tokenizer`` is a model
+    folder whose config.json says it: samples longer than the model reads calibrate nothing."""
+    folder = _given_path(tokenizer)
+    if folder is None or not (folder / "config.json").is_file():
+        return
+    limit = read_config_json(folder).get("max_position_embeddings")
+    if isinstance(limit, int) and cfg.max_len > limit:
+        raise QuantkitError(f"--max-len: {cfg.max_len} tokens is above the model's max_position_embeddings "
+                            f"{limit} ({folder / 'config.json'})")
 
 
 def _given_path(x: Any) -> Path | None:

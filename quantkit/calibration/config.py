@@ -16,6 +16,12 @@ CONFIG_VERSION = 1
 
 #: Length-bucket upper edges in tokens. Buckets are (0, 64], (64, 128], ... and the last
 #: bucket always ends at ``max_len``; edges at or above ``max_len`` are dropped.
+# Bounds no calibration set needs to pass: the longest contexts served today are about a million
+# tokens, and GPTQ/AWQ statistics settle within a few thousand samples. Past them a typo (an extra
+# digit, a byte count) would only grow memory until the kernel stops the run.
+MAX_LEN_LIMIT = 1 << 20
+NUM_SAMPLES_LIMIT = 100_000
+
 DEFAULT_LENGTH_EDGES: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 LONG_POLICIES = ("truncate", "drop")
@@ -72,8 +78,10 @@ class SamplerConfig:
         if not isinstance(self.fields, FieldMap):
             object.__setattr__(self, "fields", FieldMap.from_dict(dict(self.fields)))
         object.__setattr__(self, "length_edges", tuple(int(e) for e in self.length_edges))
-        _check(self.num_samples >= 1, "num_samples", "must be >= 1")
-        _check(self.max_len >= 2, "max_len", "must be >= 2 tokens")
+        _check(1 <= self.num_samples <= NUM_SAMPLES_LIMIT, "num_samples (--n)",
+               f"must be between 1 and {NUM_SAMPLES_LIMIT}, got {self.num_samples}")
+        _check(2 <= self.max_len <= MAX_LEN_LIMIT, "max_len (--max-len)",
+               f"must be between 2 and {MAX_LEN_LIMIT} tokens, got {self.max_len}")
         _check(self.policy in POLICIES, "policy", f"must be one of {', '.join(POLICIES)}")
         _check(self.long_policy in LONG_POLICIES, "long_policy", f"must be one of {', '.join(LONG_POLICIES)}")
         _check(self.min_per_cell >= 0, "min_per_cell", "must be >= 0")

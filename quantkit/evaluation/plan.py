@@ -180,6 +180,9 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     kv_bits = bits_of(kv, "--kv")
     if max_len < 1:
         raise QuantkitError(f"--max-len: must be positive, got {max_len}")
+    if not 0 < utilization <= 1:
+        raise QuantkitError(f"--utilization: {utilization!r} is not in (0, 1] (the share of GPU memory the "
+                            "server may use, e.g. 0.9)")
     mem = parse_bytes(gpu_mem)
     others = shape.params_total - shape.params_quantizable
     wb_before = weight_bytes(shape.params_total, b_before)

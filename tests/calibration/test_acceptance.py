@@ -84,6 +84,6 @@ def test_truncation_is_counted(skewed):
 def test_same_seed_byte_identical(skewed):
     _, _, _, folder = skewed
     names = sorted(p.name for p in (folder / "run1").iterdir())
-    assert names == ["manifest.json", "report.html", "report.json", "report.md", "samples.jsonl"]
+    assert names == [".quantkit-output.json", "manifest.json", "report.html", "report.json", "report.md", "samples.jsonl"]
     for name in names:
         assert (folder / "run1" / name).read_bytes() == (folder / "run2" / name).read_bytes(), name
