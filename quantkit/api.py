@@ -31,6 +31,7 @@ from .formats.compressed_tensors import group_for, matches
 from .formats.writer import DiscardWriter, ShardWriter, move_into_place, prepare_output
 from .kv_cache.long_rows import long_rows
 from .pipeline import PipelineResult, run_pipeline
+from .pipeline.layout import check_checkpoint
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
 from .sensitivity.settings import DEFAULT_TOKENS
@@ -218,6 +219,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     if kept:
         recipe = recipe.with_overrides(ignore=kept)
     try:
+        config_file = str(folder / "config.json") if isinstance(source, SafetensorsSource) else "the model's config"
+        check_checkpoint(config, source, config_file, warn)
         check_modules(config, recipe, ignore, warn)
         plan_source = None
         if recipe.mixed is not None:
