@@ -50,6 +50,7 @@ from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
 from .coverage import Routing, coverage_entry, coverage_lines
 from .expert_stream import ChunkPasses, ExpertInputs, ExpertSums, StreamPlan, add_expert_sums, plan_stream
+from .finite import FiniteSource
 from .memory import advise_huge_pages, available_memory, return_freed_memory
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
@@ -168,6 +169,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     continue from that boundary (the writer, log and hidden states as they were there).
     """
     t0 = time.time()
+    source = FiniteSource(source)   # every weight checked as it is read, before it is quantized
     advise_huge_pages()   # first here: a bad QUANTKIT_HEAP_HUGE_PAGES fails before anything is written
     arch_name, spec = arch_for(config)
     model = build_skeleton(config)
