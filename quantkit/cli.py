@@ -12,6 +12,7 @@ from typing import List, Optional
 import typer
 
 from .errors import QuantkitError
+from .jsonio import dumps_strict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Post-training quantization for LLMs: convert, inspect, calibrate, evaluate.")
@@ -237,7 +238,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     except QuantkitError as e:
         _fail(str(e))
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(dumps_strict(info, indent=2))
         return
     typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, steps {' -> '.join(info['steps']) or '?'}")
     for name, g in info["config_groups"].items():

@@ -6,10 +6,10 @@ Counts and statistics only: no calibration text appears in a report.
 from __future__ import annotations
 
 import html
-import json
 from typing import Any
 
 from quantkit.calibration.plots import figure_series, png_base64
+from quantkit.jsonio import dumps_strict
 
 REPORT_FORMAT = "quantkit-calibration-report"
 REPORT_VERSION = 2
@@ -120,7 +120,7 @@ def report_html(manifest: dict[str, Any]) -> str:
     parts.append("<h2>Figures</h2>")
     for name, series in figure_series(manifest).items():
         # Script content is not HTML-decoded by browsers: only "</" needs guarding.
-        data = json.dumps(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
+        data = dumps_strict(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
         parts.append(f'<figure id="figure-{name}"><img alt="{html.escape(series["title"])}" '
                      f'src="data:image/png;base64,{png_base64(series)}">'
                      f"<figcaption>{html.escape(series['title'])}</figcaption>"

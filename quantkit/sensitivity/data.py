@@ -9,12 +9,12 @@ again; nothing here depends on the budget.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import QuantkitError
+from ..jsonio import dumps_strict
 from ..scheme import QuantArgs
 from .units import FormatUnit
 
@@ -68,7 +68,7 @@ class Sensitivity:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(_finite(self.to_dict()), indent=1) + "\n", encoding="utf-8")
+        path.write_text(dumps_strict(self.to_dict(), indent=1) + "\n", encoding="utf-8")
         return path
 
     @classmethod
@@ -107,13 +107,3 @@ def _ct_args(d: dict[str, Any]) -> dict[str, Any]:
     keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder", "observer"}
     return {k: v for k, v in d.items() if k in keep and v is not None}
 
-
-def _finite(x: Any) -> Any:
-    """JSON has no NaN: a score that could not be formed is written as null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
