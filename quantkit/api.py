@@ -260,7 +260,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp) if writes else DiscardWriter()
         try:
             result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
-                                  book=book)
+                                  book=book, warn=warn)
             if not writes:
                 writer.abort()
                 return QuantizedModel(result, recipe, warnings=warnings, out=out)

@@ -112,3 +112,24 @@ def test_the_clean_model_converts(clean_model, tmp_path):
                        cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "warning:" not in res.stderr
+
+
+def strict_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=lambda c: pytest.fail(f"{path}: {c}"))
+
+
+def test_a_non_finite_statistic_is_written_as_null_and_warned(clean_model, tmp_path):
+    """An all-zero weight has no signal: its SQNR is -inf, which JSON cannot hold."""
+    model = Path(shutil.copytree(clean_model, tmp_path / "model"))
+    edit_tensors(model, lambda t: t[Q_PROJ].zero_())
+    res = run_quantkit(["convert", model, "--recipe", "w8a16", "--out", tmp_path / "out", "--no-eval"],
+                       cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = strict_json(tmp_path / "out" / "quantization_log.json")
+    assert log["modules"][Q_PROJ.removesuffix(".weight")]["sqnr_db"] is None
+    warned = [line for line in res.lines if line.startswith("warning:")]
+    assert len(warned) == 1 and f"modules.{Q_PROJ.removesuffix('.weight')}.sqnr_db" in warned[0], res.stderr
+    assert log["warnings"] == [warned[0].removeprefix("warning: ")]
+    for f in ("config.json", "model.safetensors.index.json"):
+        if (tmp_path / "out" / f).exists():
+            strict_json(tmp_path / "out" / f)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from ..errors import QuantkitError
 from ..formats.writer import ordinary_permissions
+from ..jsonio import dumps_strict, nonfinite_warning
 from .verdict import noise_text
 
 SCHEMA_VERSION = 1
@@ -597,11 +597,15 @@ def _integrity_html(integrity: dict, images: dict[str, str]) -> list[str]:
 
 def save(result, out_dir: Path) -> Path:
     data = to_json(result)
+    message = nonfinite_warning(data, "report.json")
+    if message is not None:   # in all three files (report.json has null there) and the command's output
+        result.warnings.append(message)
+        data["warnings"] = [*data["warnings"], message]
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        (tmp / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "report.json").write_text(dumps_strict(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
         ordinary_permissions(tmp)  # mkdtemp makes it private; a report folder is for reading
