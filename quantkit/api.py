@@ -33,6 +33,7 @@ from .formats.writer import DiscardWriter, ShardWriter, move_into_place
 from .kv_cache.long_rows import long_rows
 from .outputs import OutputPolicy
 from .pipeline import PipelineResult, run_pipeline
+from .pipeline.layout import check_checkpoint
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import Recipe, load_recipe
 from .sensitivity.settings import DEFAULT_TOKENS
@@ -266,6 +267,8 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
     if kept:
         recipe = recipe.with_overrides(ignore=kept)
     try:
+        config_file = str(folder / "config.json") if isinstance(source, SafetensorsSource) else "the model's config"
+        check_checkpoint(config, source, config_file, warn)
         check_modules(config, recipe, ignore, warn)
         plan_source = None
         if recipe.mixed is not None:
@@ -306,7 +309,7 @@ def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recip
         writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp) if writes else DiscardWriter()
         try:
             result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
-                                  book=book)
+                                  book=book, warn=warn)
             if not writes:
                 writer.abort()
                 return QuantizedModel(result, recipe, warnings=warnings, out=out, inputs=inputs)

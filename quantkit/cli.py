@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -14,6 +13,7 @@ import typer
 from .disk_space import disk_full_error, is_disk_full
 from .errors import QuantkitError
 from .outputs import OutputPolicy
+from .jsonio import dumps_strict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Post-training quantization for LLMs: convert, inspect, calibrate, evaluate.")
@@ -252,7 +252,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     except QuantkitError as e:
         _fail(str(e))
     if as_json:
-        typer.echo(json.dumps(info, indent=2))
+        typer.echo(dumps_strict(info, indent=2))
         return
     typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, steps {' -> '.join(info['steps']) or '?'}")
     for name, g in info["config_groups"].items():

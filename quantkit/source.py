@@ -13,7 +13,6 @@ every layer read from its shard resident, and a conversion's peak grew with dept
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -99,6 +98,15 @@ class SafetensorsSource:
     def __contains__(self, name: str) -> bool:
         return name in self._where
 
+    def where(self, name: str) -> str:
+        """The file holding tensor ``name``, for messages."""
+        return str(self._where.get(name, self.folder))
+
+    def describe(self, name: str) -> tuple[torch.dtype | str, tuple[int, ...]]:
+        """Tensor ``name``'s dtype (safetensors' name when torch has none) and shape, from its header."""
+        e = self._entries[name]
+        return _DTYPES.get(e.dtype, e.dtype), e.shape
+
     def get(self, name: str) -> torch.Tensor:
         f = self._where.get(name)
         if f is None:
@@ -165,6 +173,13 @@ class StateDictSource:
 
     def __contains__(self, name):
         return name in self._sd
+
+    def where(self, name: str) -> str:
+        return "model"
+
+    def describe(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        t = self._sd[name]
+        return t.dtype, tuple(t.shape)
 
     def get(self, name):
         if name not in self._sd:

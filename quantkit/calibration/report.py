@@ -6,10 +6,11 @@ Counts and statistics only: no calibration text appears in a report.
 from __future__ import annotations
 
 import html
-import json
-from typing import Any
+from typing import Any, Callable
 
 from quantkit.calibration.plots import figure_series, png_base64
+from quantkit.jsonio import dumps_strict
+from quantkit.markdown import md_code, md_row, md_text
 
 REPORT_FORMAT = "quantkit-calibration-report"
 REPORT_VERSION = 2
@@ -44,15 +45,22 @@ def _cell_value(row: dict[str, Any], col: str) -> str:
     return _pct(row[col]) if col.endswith("_share") else str(row[col])
 
 
-def _summary_lines(manifest: dict[str, Any]) -> list[str]:
+def _summary_lines(manifest: dict[str, Any], code: Callable[[object], str],
+                   text: Callable[[object], str]) -> list[str]:
+    """The report's opening lines; the user's names and paths through ``code`` (shown verbatim)
+    and everything else through ``text``: each format's escaping."""
     src, cfg = manifest["source"], manifest["config"]
-    return [f"source: `{src['name']}` ({src['format']}, sha256 `{src['sha256'][:16]}`)",
-            f"tokenizer: `{manifest['tokenizer']['name_or_path']}`",
-            f"policy: {cfg['policy']}, seed {cfg['seed']}, num_samples {cfg['num_samples']}, "
-            f"max_len {cfg['max_len']}, min_per_cell {cfg['min_per_cell']}",
-            f"task types: {_kv(manifest['task_source']['source'])} (distinct rows)",
-            f"languages: source {_kv(manifest['languages']['source'])}; "
-            f"sample {_kv(manifest['languages']['sample'])}"]
+    return [f"source: {code(src['name'])} ({text(src['format'])}, sha256 {code(src['sha256'][:16])})",
+            f"tokenizer: {code(manifest['tokenizer']['name_or_path'])}",
+            text(f"policy: {cfg['policy']}, seed {cfg['seed']}, num_samples {cfg['num_samples']}, "
+                 f"max_len {cfg['max_len']}, min_per_cell {cfg['min_per_cell']}"),
+            text(f"task types: {_kv(manifest['task_source']['source'])} (distinct rows)"),
+            text(f"languages: source {_kv(manifest['languages']['source'])}; "
+                 f"sample {_kv(manifest['languages']['sample'])}")]
+
+
+def _html_text(value: object) -> str:
+    return html.escape(str(value))
 
 
 def _kv(d: dict[str, int]) -> str:
@@ -70,10 +78,9 @@ _MARGINAL_HEAD = ["name", "traffic rows", "traffic share", "distinct rows", "dis
 
 def report_markdown(manifest: dict[str, Any]) -> str:
     def table(head: list[str], rows: list[list[str]]) -> list[str]:
-        return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + \
-               ["| " + " | ".join(r) + " |" for r in rows] + [""]
+        return [md_row(head), "|" + "---|" * len(head)] + [md_row(r) for r in rows] + [""]
 
-    out = ["# Calibration coverage report", ""] + [f"- {line}" for line in _summary_lines(manifest)] + [""]
+    out = ["# Calibration coverage report", ""] + [f"- {line}" for line in _summary_lines(manifest, md_code, md_text)] + [""]
     out += ["## Counts", ""] + table(["count", "value"], [[label, str(manifest["counts"][k])]
                                                           for k, label in _COUNT_LABELS])
     out += ["## Malformed rows", ""]
@@ -90,7 +97,7 @@ def report_markdown(manifest: dict[str, Any]) -> str:
     out += table(["tokens", "traffic", "distinct", "sample"],
                  [[f"{lo + 1}-{hi}", str(r), str(d), str(t)] for lo, hi, r, d, t in
                   zip(lows, hist["edges"], hist["traffic"], hist["distinct"], hist["sample"])])
-    out += ["## Warnings", ""] + ([f"- {w}" for w in manifest["warnings"]] or ["none"]) + [""]
+    out += ["## Warnings", ""] + ([f"- {md_text(w)}" for w in manifest["warnings"]] or ["none"]) + [""]
     out += ["Figures: see report.html (traffic, distinct and sample shares per task type and length bucket, "
             "token-length histogram).", ""]
     return "\n".join(out)
@@ -109,7 +116,7 @@ def report_html(manifest: dict[str, Any]) -> str:
              "margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
              ".warn{color:#a40}</style></head><body>",
              "<h1>Calibration coverage report</h1><ul>"]
-    parts += [f"<li>{html.escape(line.replace('`', ''))}</li>" for line in _summary_lines(manifest)]
+    parts += [f"<li>{line}</li>" for line in _summary_lines(manifest, _html_text, _html_text)]
     parts.append("</ul><h2>Counts</h2>")
     parts.append(_html_table(["count", "value"], [[label, str(manifest["counts"][k])]
                                                    for k, label in _COUNT_LABELS], "counts"))
@@ -120,7 +127,7 @@ def report_html(manifest: dict[str, Any]) -> str:
     parts.append("<h2>Figures</h2>")
     for name, series in figure_series(manifest).items():
         # Script content is not HTML-decoded by browsers: only "</" needs guarding.
-        data = json.dumps(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
+        data = dumps_strict(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
         parts.append(f'<figure id="figure-{name}"><img alt="{html.escape(series["title"])}" '
                      f'src="data:image/png;base64,{png_base64(series)}">'
                      f"<figcaption>{html.escape(series['title'])}</figcaption>"

@@ -21,18 +21,19 @@ from quantkit.calibration.manifest import MANIFEST_FORMAT
 from quantkit.errors import QuantkitError
 from quantkit.formats.writer import ordinary_permissions
 from quantkit.outputs import OutputPolicy
+from quantkit.jsonio import dumps_strict
 
 SAMPLES_FILE = "samples.jsonl"
 MANIFEST_FILE = "manifest.json"
 
 
 def samples_bytes(samples: list[dict[str, Any]]) -> bytes:
-    return "".join(json.dumps(s, ensure_ascii=False, separators=(",", ":")) + "\n"
+    return "".join(dumps_strict(s, ensure_ascii=False, separators=(",", ":")) + "\n"
                    for s in samples).encode("utf-8")
 
 
 def json_bytes(data: Any) -> bytes:
-    return (json.dumps(data, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
+    return (dumps_strict(data, ensure_ascii=False, indent=1) + "\n").encode("utf-8")
 
 
 def sha256(data: bytes) -> str:

@@ -11,6 +11,7 @@ from ..device import check_device
 from ..errors import QuantkitError
 from ..formats.writer import check_parent
 from ..outputs import OutputPolicy, written_by
+from ..jsonio import dumps_strict
 from ..validation import check_flag
 from .verdict import noise_text
 
@@ -282,7 +283,7 @@ def plan_command(
     except QuantkitError as e:
         _fail(str(e))
     if as_json:
-        typer.echo(json.dumps(fp.to_dict(), indent=2))
+        typer.echo(dumps_strict(fp.to_dict(), indent=2))
         return
     gib = 2**30
     typer.echo(f"layers {fp.layers}, kv_heads {fp.kv_heads}, head_dim {fp.head_dim}; "

@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 import math
 import re
 import shutil
@@ -18,6 +17,8 @@ from pathlib import Path
 from ..errors import QuantkitError
 from ..formats.writer import ordinary_permissions
 from ..outputs import OutputPolicy
+from ..jsonio import dumps_strict, nonfinite_warning
+from ..markdown import md_code, md_row, md_text
 from .verdict import noise_text
 
 SCHEMA_VERSION = 1
@@ -341,44 +342,45 @@ def markdown(data: dict) -> str:
     v = data["verdict"]
     lines = [f"# quantkit evaluation: **{data['decision']}**", ""]
     m = data["meta"]
-    lines += [f"Baseline `{m.get('baseline', '?')}`, candidate `{m.get('candidate', '?')}`, "
-              f"max length {m['max_len']}{_source(m)}, {fmt(m['seconds_total'])} s.", "", gating_text(data), ""]
+    lines += [f"Baseline {md_code(m.get('baseline', '?'))}, candidate {md_code(m.get('candidate', '?'))}, "
+              f"max length {m['max_len']}{md_text(_source(m))}, {fmt(m['seconds_total'])} s.", "",
+              md_text(gating_text(data)), ""]
     if m.get("slices_skipped"):
-        lines += [f"**{m['slices_skipped']}**", ""]
+        lines += [f"**{md_text(m['slices_skipped'])}**", ""]
     if data.get("warnings"):
-        lines += ["## Warnings", ""] + [f"- **warning**: {w}" for w in data["warnings"]] + [""]
+        lines += ["## Warnings", ""] + [f"- **warning**: {md_text(w)}" for w in data["warnings"]] + [""]
     if v["reasons"]:
-        lines += ["## Reasons", ""] + [f"- **{r['level']}** {r['text']}" for r in v["reasons"]] + [""]
+        lines += ["## Reasons", ""] + [f"- **{r['level']}** {md_text(r['text'])}" for r in v["reasons"]] + [""]
     if v.get("within_noise"):
         lines += ["## Within noise of a limit (information only)", "",
                   "With other rows of the same traffic these levels could differ (bootstrap over rows):", ""]
-        lines += [f"- {noise_text(n)}" for n in v["within_noise"]] + [""]
+        lines += [f"- {md_text(noise_text(n))}" for n in v["within_noise"]] + [""]
     if v.get("informational"):
         lines += ["## Not gated (information only)", ""]
-        lines += [f"- {r['level']} {r['text']}: {r['note']}" for r in v["informational"]] + [""]
+        lines += [f"- {r['level']} {md_text(r['text'])}: {md_text(r['note'])}" for r in v["informational"]] + [""]
     cols = _columns(data)
     lines += ["## Slices", "", "| slice | language | verdict | gates | " + " | ".join(cols) + " |",
               "|---|---|---|---|" + "---|" * len(cols)]
     for name, vals in data["slices"].items():
-        lines.append(f"| {name} | {(data.get('languages') or {}).get(name) or '–'} | {v['slices'][name]} | "
-                     f"{_gates(data, name)} | " + " | ".join(fmt(vals.get(c)) for c in cols) + " |")
+        cells = [name, (data.get('languages') or {}).get(name) or '–', v['slices'][name], _gates(data, name)]
+        lines.append(md_row([*cells, *(fmt(vals.get(c)) for c in cols)]))
     lines.append("")
     head, rows = business_lines(data)
     if rows:
-        lines += ["## Business rows", "", head, "", "| task | " + " | ".join(BUSINESS_COLUMNS) + " | " +
+        lines += ["## Business rows", "", md_text(head), "", "| task | " + " | ".join(BUSINESS_COLUMNS) + " | " +
                   BUSINESS_KL + " |", "|---|" + "---|" * (len(BUSINESS_COLUMNS) + 1)]
-        lines += ["| " + " | ".join(str(x) for x in r) + " |" for r in rows] + [""]
+        lines += [md_row(r) for r in rows] + [""]
     if data.get("lm_eval"):
         lines += ["## lm-eval tasks", "", "| task | metric | baseline | candidate | drop | verdict |",
                   "|---|---|---|---|---|---|"]
-        lines += [f"| {t} | {mt} | {fmt(r['base'])} | {fmt(r['cand'])} | {fmt(r['drop'])} | "
-                  f"{v['slices'].get(f'lm-eval:{t}', '–')} |" for t, mt, r in _lm_rows(data)] + [""]
+        lines += [md_row([t, mt, fmt(r['base']), fmt(r['cand']), fmt(r['drop']), v['slices'].get(f'lm-eval:{t}', '–')])
+                  for t, mt, r in _lm_rows(data)] + [""]
     for name, rows in data["kl_by_position"].items():
         note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
         variants = _variants(data, name)
         label = candidate_label(m)
-        lines += [f"## KL by position: {name}{note}", ""] + [n for n in _slice_notes(data, name)] + [""]
-        lines += ["| positions | tokens | " + " | ".join([label, *variants]) + " |", "|---|---|" + "---|" * (1 + len(variants))]
+        lines += [f"## KL by position: {md_text(name + note)}", ""] + [md_text(n) for n in _slice_notes(data, name)] + [""]
+        lines += [md_row(["positions", "tokens", label, *variants]), "|---|---|" + "---|" * (1 + len(variants))]
         for i, r in enumerate(rows):
             others = [fmt(x["buckets"][i]["kl_mean"]) for x in variants.values()]
             lines.append(f"| {r['start']}–{r['end']} | {r['tokens']} | " + " | ".join([fmt(r["kl_mean"]), *others]) + " |")
@@ -387,26 +389,26 @@ def markdown(data: dict) -> str:
             lines += ["Variants of the candidate on the same windows (information: they do not change the decision):",
                       "", "| variant | " + " | ".join(VARIANT_COLUMNS) + " | would-be level |",
                       "|---|" + "---|" * (len(VARIANT_COLUMNS) + 1)]
-            lines += [f"| {vn} | " + " | ".join(fmt(x.get(c)) for c in VARIANT_COLUMNS) + f" | {x['level']} |"
+            lines += [md_row([vn, *(fmt(x.get(c)) for c in VARIANT_COLUMNS), x['level']])
                       for vn, x in variants.items()] + [""]
     if data.get("footprint"):
         lines += ["## Deployment footprint", "", "| quantity | value |", "|---|---|"]
-        lines += [f"| {k} | {fmt(val)} |" for k, val in data["footprint"].items()] + [""]
+        lines += [md_row([k, fmt(val)]) for k, val in data["footprint"].items()] + [""]
     if data["worst_examples"]:
         lines += ["## Worst examples of the slices that are not GO", ""]
         for name, exs in data["worst_examples"].items():
             note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
-            lines += [f"### {name}{note}", ""]
+            lines += [f"### {md_text(name + note)}", ""]
             for ex in exs:
-                lines.append("- " + "; ".join(f"{k}: {fmt(val)!r}" if isinstance(val, str) else f"{k}: {fmt(val)}"
-                                             for k, val in ex.items()))
+                lines.append("- " + md_text("; ".join(f"{k}: {fmt(val)!r}" if isinstance(val, str) else f"{k}: {fmt(val)}"
+                                                      for k, val in ex.items())))
             lines.append("")
     if data.get("integrity"):
         lines += _integrity_markdown(data["integrity"])
     if data.get("mixed"):
         lines += ["## Mixed-precision plan", "", mixed_text(data["mixed"]), "",
                   "| unit | format | predicted KL |", "|---|---|---|"]
-        lines += [f"| {r['unit']} | {r['format']} | {fmt(r['score'])} |" for r in data["mixed"]["units"]] + [""]
+        lines += [md_row([r['unit'], r['format'], fmt(r['score'])]) for r in data["mixed"]["units"]] + [""]
     lines += ["## Thresholds", "", "| measure | REVIEW past | NO-GO past | better |", "|---|---|---|---|"]
     for k, t in data["thresholds"].items():
         if k != "slices":
@@ -429,11 +431,11 @@ def _integrity_markdown(integrity: dict) -> list[str]:
     lines = ["## Checkpoint integrity", "", integrity_text(integrity), ""]
     if integrity["flagged"]:
         lines += ["| module or tensor | level | finding |", "|---|---|---|"]
-        lines += [f"| {f['name']} | {f['level']} | {f['summary']} |" for f in integrity["flagged"]] + [""]
+        lines += [md_row([f['name'], f['level'], f['summary']]) for f in integrity["flagged"]] + [""]
     if integrity["fallback"]:
         lines += ["Checked from the checkpoint alone (layout, finite positive scales, codes on the grid; "
                   "no reference to compare with):", ""]
-        lines += [f"- {unit}: {why}" for unit, why in integrity["fallback"].items()] + [""]
+        lines += [f"- {md_text(unit)}: {md_text(why)}" for unit, why in integrity["fallback"].items()] + [""]
     layers, kinds, _, excess = integrity_grid(integrity)
     if layers:
         lines += ["Worst part's excess over expected error, dB (> 0 is flagged), layer x module kind:", "",
@@ -441,7 +443,7 @@ def _integrity_markdown(integrity: dict) -> list[str]:
         lines += [f"| {_layer_label(u)} | " + " | ".join(fmt(v) for v in row) + " |" for u, row in zip(layers, excess)]
         lines.append("")
     if integrity["notes"]:
-        lines += [f"- note: {n}" for n in integrity["notes"][:10]] + [""]
+        lines += [f"- note: {md_text(n)}" for n in integrity["notes"][:10]] + [""]
     return lines
 
 
@@ -603,10 +605,14 @@ def save(result, out_dir: Path, policy: OutputPolicy | None = None, overwrite: b
     out_dir = Path(out_dir)
     policy.check(out_dir, overwrite)
     data = to_json(result)
+    message = nonfinite_warning(data, "report.json")
+    if message is not None:   # in all three files (report.json has null there) and the command's output
+        result.warnings.append(message)
+        data["warnings"] = [*data["warnings"], message]
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        (tmp / "report.json").write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        (tmp / "report.json").write_text(dumps_strict(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
         policy.stamp(tmp)

@@ -29,6 +29,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from ..jsonio import dumps_strict
+
 PREFIX = ".quantkit-tmp-"
 RUN_DIR = ".run"      # the run's bookkeeping inside a staging folder, removed before the rename
 OWNER_FILE = "owner.json"
@@ -98,7 +100,7 @@ def write_owner(folder: Path, owner: Owner) -> None:
     run = Path(folder) / RUN_DIR
     run.mkdir(exist_ok=True)
     tmp = run / f".{OWNER_FILE}.tmp"
-    tmp.write_text(json.dumps(asdict(owner)) + "\n", encoding="utf-8")
+    tmp.write_text(dumps_strict(asdict(owner)) + "\n", encoding="utf-8")
     os.replace(tmp, run / OWNER_FILE)
 
 

@@ -11,7 +11,6 @@ writer across a restart, so the resumed run flushes the same shards at the same 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -24,6 +23,7 @@ from ..crashpoints import kill_point
 from ..disk_space import disk_full_error, is_disk_full
 from ..errors import QuantkitError
 from ..outputs import OutputPolicy
+from ..jsonio import dumps_strict
 
 
 def prepare_output(out: Path, overwrite: bool, policy: OutputPolicy) -> None:
@@ -164,10 +164,10 @@ class ShardWriter:
             path.rename(self.tmp / final)
             weight_map.update({k: final for k in names})
         index = {"metadata": {"total_size": self.total_bytes}, "weight_map": dict(sorted(weight_map.items()))}
-        (self.tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (self.tmp / "model.safetensors.index.json").write_text(dumps_strict(index, indent=2))
 
     def write_json(self, name: str, data) -> None:
-        (self.tmp / name).write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (self.tmp / name).write_text(dumps_strict(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     def abort(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)

@@ -47,6 +47,7 @@ import torch
 
 from ..formats import staging
 from ..formats.staging import RUN_DIR
+from ..jsonio import dumps_strict
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -200,7 +201,7 @@ class RunBook:
         b = Boundary(layers_done, num_layers, batch_tokens, hidden.count if hidden is not None else 0,
                      writer.state(), log, state)
         tmp = run / f".{MANIFEST}.tmp"
-        tmp.write_text(json.dumps({"format": FORMAT, "keys": self.keys, "boundary": asdict(b)}), encoding="utf-8")
+        tmp.write_text(dumps_strict({"format": FORMAT, "keys": self.keys, "boundary": asdict(b)}), encoding="utf-8")
         os.replace(tmp, run / MANIFEST)   # the commit point
         self.last = b
         for p in run.glob("state-*.safetensors"):

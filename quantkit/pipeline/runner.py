@@ -40,6 +40,7 @@ from ..experts import UnfusedExperts
 from ..formats.compressed_tensors import compress_module, group_for, quantization_config, scheme_for
 from ..formats.staging import RUN_DIR
 from ..formats.writer import ShardWriter
+from ..jsonio import nonfinite_warning
 from ..kv_cache import KVObserver
 from ..primitives import calculate_qparams
 from ..recipe import Recipe
@@ -50,6 +51,7 @@ from .batches import auto_batch_tokens, make_chunks, num_tokens_of
 from .capture import capture_inputs
 from .coverage import Routing, coverage_entry, coverage_lines
 from .expert_stream import ChunkPasses, ExpertInputs, ExpertSums, StreamPlan, add_expert_sums, plan_stream
+from .finite import FiniteSource
 from .memory import advise_huge_pages, available_memory, return_freed_memory
 from .onload import build_skeleton, dematerialize, get_module, materialize
 from .passes import CalibrationPasses
@@ -161,13 +163,17 @@ def _no_data(**_: Any) -> None:
 
 def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None, writer: ShardWriter,
                  device: str = "cpu", progress: Callable[[Iterable, int], Iterable] | None = None,
-                 log: Callable[[str], None] | None = None, book: RunBook | None = None) -> PipelineResult:
+                 log: Callable[[str], None] | None = None, book: RunBook | None = None,
+                 warn: Callable[[str], None] | None = None) -> PipelineResult:
     """Quantize the model described by ``config`` whose tensors come from ``source``.
+
+    ``warn``: told what is written but worth knowing (a statistic that is not a finite number).
 
     ``book``: commit each layer boundary into the staging folder; with ``book.resumed``,
     continue from that boundary (the writer, log and hidden states as they were there).
     """
     t0 = time.time()
+    source = FiniteSource(source)   # every weight checked as it is read, before it is quantized
     advise_huge_pages()   # first here: a bad QUANTKIT_HEAP_HUGE_PAGES fails before anything is written
     arch_name, spec = arch_for(config)
     model = build_skeleton(config)
@@ -290,7 +296,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     cfg = config.to_dict()
     cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, ignore,
                                                      recipe.kv_cache.to_dict() if recipe.kv_cache else None)
-    writer.write_json("config.json", cfg)
+    _write_strict(writer, "config.json", cfg, warn or log)
     quant_log: dict[str, Any] = {
         "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": arch_name,
         "calibration": {"num_samples": len(samples or []), "num_tokens": num_tokens},
@@ -306,10 +312,18 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
         if log is not None:
             for line in coverage_lines(lg.experts, settings.moe_experts, settings.moe_min_tokens):
                 log(line)
-    writer.write_json("quantization_log.json", quant_log)
+    _write_strict(writer, "quantization_log.json", quant_log, warn or log)
     writer.finalize()
     return PipelineResult(writer.tmp, source.nbytes(), writer.total_bytes, time.time() - t0,
                           peak_rss_bytes(), len(lg.stats), len(layers), lg.stats, lg.formats)
+
+
+def _write_strict(writer: ShardWriter, name: str, data: dict, warn: Callable[[str], None] | None) -> None:
+    """``data`` as ``name`` (non-finite numbers as null: strict JSON), saying which fields were not finite."""
+    message = nonfinite_warning(data, name)
+    if message is not None and warn is not None:
+        warn(message)
+    writer.write_json(name, data)
 
 
 def _prepare_calibration(model, config, source, spec: ArchSpec, recipe: Recipe, samples, offload_dir: Path | None,

@@ -9,13 +9,13 @@ again; nothing here depends on the budget.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import QuantkitError
 from ..outputs import OutputPolicy
+from ..jsonio import dumps_strict
 from ..scheme import QuantArgs
 from .units import FormatUnit
 
@@ -70,7 +70,7 @@ class Sensitivity:
     def save(self, path: str | Path, overwrite: bool = False, policy: "OutputPolicy | None" = None) -> Path:
         """Write the JSON file ``path``: an existing file is replaced only with ``overwrite`` and only
         when it is an earlier sensitivity file (``quantkit.outputs``)."""
-        data = (json.dumps(_finite(self.to_dict()), indent=1) + "\n").encode("utf-8")
+        data = (dumps_strict(self.to_dict(), indent=1) + "\n").encode("utf-8")
         return (policy or OutputPolicy("sensitivity")).write_file(Path(path), data, overwrite)
 
     @classmethod
@@ -109,13 +109,3 @@ def _ct_args(d: dict[str, Any]) -> dict[str, Any]:
     keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder", "observer"}
     return {k: v for k, v in d.items() if k in keep and v is not None}
 
-
-def _finite(x: Any) -> Any:
-    """JSON has no NaN: a score that could not be formed is written as null."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..errors import QuantkitError
+from ..jsonio import dumps_strict
 from .data import Sensitivity
 
 RESOLUTION = 1 << 14
@@ -60,7 +61,7 @@ class Plan:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n", encoding="utf-8")
+        path.write_text(dumps_strict(self.to_dict(), indent=1) + "\n", encoding="utf-8")
         return path
 
     @classmethod

@@ -14,7 +14,6 @@ evaluated once. Cost: ``2 + ceil(log2((high - low) / tolerance))`` evaluations a
 """
 from __future__ import annotations
 
-import json
 import math
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 from ..errors import QuantkitError
 from ..evaluation.verdict import GO
+from ..jsonio import dumps_strict
 
 if TYPE_CHECKING:
     from ..api import QuantizedModel
@@ -178,5 +178,5 @@ def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable
     found = keys.get(id(search.found)) if search.found is not None else None
     chosen = checkpoints.get(found) if found is not None else checkpoints.get(keys[id(search.trials[0])])
     if chosen is not None:
-        (chosen.path / RESULT_FILE).write_text(json.dumps(search.to_dict(), indent=1) + "\n", encoding="utf-8")
+        (chosen.path / RESULT_FILE).write_text(dumps_strict(search.to_dict(), indent=1) + "\n", encoding="utf-8")
     return chosen, search

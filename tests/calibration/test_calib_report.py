@@ -115,3 +115,19 @@ def test_reports_hold_no_calibration_text(run):
     for name in ("report.md", "report.html", "report.json", "manifest.json"):
         body = (out / name).read_text(encoding="utf-8")
         assert not any(p in body for p in probes), name
+
+
+def test_markdown_report_escapes_user_task_names(run):
+    """Task types come from the log's own labels: the real renderer keeps them text, one cell each."""
+    from quantkit.calibration.report import report_markdown
+
+    res, _ = run
+    manifest = json.loads(json.dumps(res.manifest))
+    evil = "<script>alert(1)</script>|`x`"
+    manifest["tasks"][0]["name"] = evil
+    manifest["task_source"]["source"] = {evil: 1}
+    md = report_markdown(manifest)
+    assert "<script>" not in md
+    row = next(line for line in md.splitlines() if line.startswith("| &lt;script&gt;"))
+    assert row.startswith("| &lt;script&gt;alert(1)&lt;/script&gt;\\|\\`x\\` |")
+    assert row.replace("\\|", "").count("|") == 8   # the task table's 7 columns: still one cell each

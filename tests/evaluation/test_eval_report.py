@@ -13,6 +13,7 @@ from tiny import broken_past, fake_quant_linears
 from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.api import HIDDEN
 from quantkit.evaluation.slices import Slice
+from quantkit.markdown import md_text
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +85,7 @@ def test_markdown_and_json_agree_on_the_verdict(saved):
     assert data["decision"] == r.decision == "NO-GO"
     assert md.startswith(f"# quantkit evaluation: **{r.decision}**")
     for reason in data["verdict"]["reasons"]:
-        assert reason["text"] in md
+        assert md_text(reason["text"]) in md   # "kl_mean 0.31 &gt; 0.1": Markdown's text is HTML
     assert data["kl_by_position"]["long-en"][-1]["kl_mean"] > 0.2
 
 
@@ -136,3 +137,22 @@ def test_the_candidate_line_names_the_kv_option_it_runs(saved):
     assert "| positions | tokens | candidate | " in markdown(data)
     data["meta"]["kv"] = [{"option": "int8-kivi:k", "engine": None, "scales": "dynamic"}]
     assert "| positions | tokens | candidate (kv int8-kivi:k) | 4-bit only | 8-bit |" in markdown(data)
+
+
+def test_markdown_report_escapes_user_slice_names(saved):
+    """Slice names and task labels come from the user's files: the real renderer keeps them text."""
+    from quantkit.evaluation.report import markdown
+
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    name, evil = next(iter(data["slices"])), "business:<img src=x onerror=alert(1)> | x"
+    data["slices"][evil] = data["slices"][name]
+    data["verdict"]["slices"][evil] = data["verdict"]["slices"][name]
+    data["warnings"] = [*data["warnings"], f"slice {evil}: line one\nline two"]
+    md = markdown(data)
+    assert "<img" not in md
+    row = next(line for line in md.splitlines() if "onerror" in line and line.startswith("| "))
+    assert row.startswith("| business:&lt;img src=x onerror=alert(1)&gt; \\| x |")
+    head = next(line for line in md.splitlines() if line.startswith("| slice |"))
+    assert row.replace("\\|", "").count("|") == head.count("|")   # still one cell per column
+    assert "line one<br>line two" in md
