@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -93,6 +94,7 @@ class OutputPolicy:
         if out.is_symlink():
             raise QuantkitError(f"{self.flag}: {out} is a symbolic link; give the real path to write")
         if not out.exists():
+            check_parent(out)
             return
         if not overwrite:
             raise QuantkitError(f"{self.flag}: {out}: output {'file' if is_file else 'folder'} exists (use "
@@ -168,3 +170,40 @@ def written_by(path: Path) -> str | None:
 
 # the ``kind`` of a JSON file quantkit writes -> the command that writes it
 FILE_KINDS = {"quantkit-sensitivity": "sensitivity"}
+
+
+def check_parent(out: Path) -> None:
+    """Fail when the folder ``out`` could not be created: a file stands where a parent folder
+    should, or the nearest existing parent refuses a new folder (read-only, no permission).
+    The probe folder it makes there is removed at once."""
+    parent = Path(os.path.abspath(out)).parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise QuantkitError(f"{out}: cannot create the output folder: {parent} is a file, not a folder")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".quantkit-probe-", dir=parent))
+    except OSError as e:
+        raise QuantkitError(f"{out}: cannot create the output folder in {parent} ({e.strerror or e})") from None
+
+
+def ordinary_permissions(root: Path) -> None:
+    """Give ``root`` and everything under it the modes a plain ``mkdir`` / ``open`` gives (0777 /
+    0666 less the umask): ``tempfile.mkdtemp`` makes folders 0700 and safetensors writes its
+    files 0600, which a serving process running as another user could not read."""
+    mask = current_umask()
+    for p in [Path(root), *Path(root).rglob("*")]:
+        if not p.is_symlink():
+            os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~mask)
+
+
+def current_umask() -> int:
+    try:  # Linux >= 4.7 reports it; os.umask can only read it by setting it for a moment
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

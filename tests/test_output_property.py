@@ -50,7 +50,7 @@ COMMANDS = {
     "eval": (("model", "quantized"),
              lambda ws, out: ["eval", "--baseline", ws / "model", "--candidate", ws / "quantized", "--suite",
                               "numbers-en", "--out", out]),
-    "calibrate": (("traffic.jsonl", "model", "calib"),
+    "calibrate": (("calib/samples.jsonl", "model"),
                   lambda ws, out: ["calibrate", ws / "calib" / "samples.jsonl", "--model", ws / "model", "--n", "4",
                                    "--max-len", "64", "--out", out]),
     "sensitivity": (("model", "traffic.jsonl"),
@@ -91,7 +91,7 @@ def place(ws: Path, target: Path, relation: str) -> tuple[Path, Path]:
     raise AssertionError(relation)
 
 
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(command=st.sampled_from(sorted(COMMANDS)), pick=st.integers(0, 2), relation=st.sampled_from(RELATIONS),
        overwrite=st.booleans())
 def test_no_output_path_changes_an_input(template, command, pick, relation, overwrite):

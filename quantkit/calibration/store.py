@@ -19,9 +19,8 @@ from typing import Any
 
 from quantkit.calibration.manifest import MANIFEST_FORMAT
 from quantkit.errors import QuantkitError
-from quantkit.formats.writer import ordinary_permissions
-from quantkit.outputs import OutputPolicy
 from quantkit.jsonio import dumps_strict
+from quantkit.outputs import OutputPolicy, ordinary_permissions
 
 SAMPLES_FILE = "samples.jsonl"
 MANIFEST_FILE = "manifest.json"

@@ -9,7 +9,6 @@ import typer
 
 from ..device import check_device
 from ..errors import QuantkitError
-from ..formats.writer import check_parent
 from ..outputs import OutputPolicy, written_by
 from ..jsonio import dumps_strict
 from ..validation import check_flag
@@ -237,7 +236,6 @@ def eval_command(
         out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
                                     recipe=recipe, suite=suite)
         policy.check(out, overwrite)   # a report that may not or cannot be written fails now
-        check_parent(out)
         result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
                                 show_samples, device, gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,

@@ -15,10 +15,9 @@ import tempfile
 from pathlib import Path
 
 from ..errors import QuantkitError
-from ..formats.writer import ordinary_permissions
-from ..outputs import OutputPolicy
 from ..jsonio import dumps_strict, nonfinite_warning
 from ..markdown import md_code, md_row, md_text
+from ..outputs import OutputPolicy, ordinary_permissions
 from .verdict import noise_text
 
 SCHEMA_VERSION = 1
