@@ -41,26 +41,41 @@ def quantkit_env(**extra: str) -> dict[str, str]:
     return env
 
 
+# Linux keeps a process's resident high-water mark across exec, so a child forked from a large
+# test process reports that process's peak as its own. quantkit is therefore started by a small
+# Python that reports its child's peak (and exit status) through a file.
+_MEASURE = """import os, subprocess, sys
+p = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(p.pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_quantkit(args: list, *, cwd: Path | None = None, env: dict | None = None, timeout: float = 300,
                  stdin: bytes | None = None) -> Outcome:
     """``python -m quantkit.cli ARGS`` to completion; killed with its whole process group past
     ``timeout`` (then the test fails: a bounded command never needs that)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.TemporaryDirectory() as box:
+        peak = Path(box) / "maxrss"
         start = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "quantkit.cli", *map(str, args)], cwd=cwd,
+        proc = subprocess.Popen([sys.executable, "-c", _MEASURE, str(peak), sys.executable, "-m", "quantkit.cli",
+                                 *map(str, args)], cwd=cwd,
                                 env=env or quantkit_env(), stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
                                 start_new_session=True)
         if stdin is not None:
             proc.stdin.write(stdin)
             proc.stdin.close()
-        status, usage = _wait(proc.pid, timeout)
+        status, _ = _wait(proc.pid, timeout)
         seconds = time.monotonic() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
+        kib = int(peak.read_text()) if peak.exists() else 0
         return Outcome(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                       usage.ru_maxrss * 1024, seconds)
+                       kib * 1024, seconds)
 
 
 def _wait(pid: int, timeout: float):
