@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -157,14 +158,20 @@ def _launch(nproc: int, out: Path) -> None:
     from .distributed import free_port, launch_argv
     from .launch import remove_dead_staging, run_ranks
 
-    env = dict(os.environ)
+    # torchrun's logs and the ranks' temporary files (a rank other than 0 records its layers in a
+    # private folder) live in one folder of the run's, removed however the run ends: a rank
+    # stopped before it cleaned up leaves nothing in the user's temporary folder
+    started = time.time()
+    run = Path(tempfile.mkdtemp(prefix="quantkit-torchrun-"))
+    (run / "logs").mkdir()
+    (run / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(run / "tmp"))
     env.setdefault("OMP_NUM_THREADS", "1")   # torchrun's own default for several ranks, without its warning
-    logs = tempfile.mkdtemp(prefix="quantkit-torchrun-")   # removed with the run, however it ends
     try:
-        code = run_ranks([sys.executable, *launch_argv(nproc, sys.argv[1:], free_port(), logs)], env)
+        code = run_ranks([sys.executable, *launch_argv(nproc, sys.argv[1:], free_port(), str(run / "logs"))], env)
     finally:
-        remove_dead_staging(out)
-        shutil.rmtree(logs, ignore_errors=True)
+        remove_dead_staging(out, started)
+        shutil.rmtree(run, ignore_errors=True)
     raise typer.Exit(code=code)
 
 
@@ -352,8 +359,10 @@ _register_optional()
 def main() -> None:
     """The ``quantkit`` command: every failure the user can fix is one ``error:`` line and exit 2,
     a usage mistake (an unknown flag, a missing argument) included."""
-    # typer vendors click and exports no usage-error type of its own
-    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    try:   # recent typer vendors click and exports no usage-error type of its own
+        from typer._click.exceptions import NoArgsIsHelpError, UsageError
+    except ImportError:
+        from click.exceptions import NoArgsIsHelpError, UsageError
 
     try:
         code = app(standalone_mode=False)

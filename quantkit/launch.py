@@ -92,15 +92,26 @@ def run_ranks(argv: list[str], env: dict[str, str]) -> int:
                 signal.signal(s, handler)
 
 
-def remove_dead_staging(out: Path) -> list[Path]:
+def remove_dead_staging(out: Path, since: float) -> list[Path]:
     """Staging folders for ``out`` whose owner is gone (a rank stopped before it cleaned up):
-    removed, since a data-parallel run is never resumed. Returns them."""
+    removed, since a data-parallel run is never resumed. A rank stopped half-way through its own
+    clean-up can leave a folder whose owner record is already gone (the name still gives the dead
+    pid): such a folder is the run's when it was made after the run started (``since``, a
+    ``time.time()``). Returns them."""
     from .formats import staging
 
     target = str(Path(out).resolve())
     removed = []
     for folder, owner in staging.dead_folders(Path(out).resolve().parent):
-        if owner.out == target:
+        ours = owner.out == target or (owner.out is None and _made_since(folder, since))
+        if ours:
             staging.remove(folder)
             removed.append(folder)
     return removed
+
+
+def _made_since(folder: Path, since: float) -> bool:
+    try:
+        return folder.stat().st_ctime >= since - 1.0   # file-system time stamps are coarse
+    except OSError:
+        return False
