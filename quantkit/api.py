@@ -35,7 +35,7 @@ from .outputs import OutputPolicy
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.layout import check_checkpoint
 from .pipeline.resume import RunBook, open_run, run_keys
-from .recipe import Recipe, load_recipe
+from .recipe import CalibrationSettings, Recipe, load_recipe
 from .sensitivity.settings import DEFAULT_TOKENS
 from .model_folder import copy_side_files, read_config_json
 from .source import SafetensorsSource, StateDictSource
@@ -158,7 +158,10 @@ def check_calibration_size(recipe: Recipe, config) -> None:
 
     c = recipe.calibration
     limit = getattr(config, "max_position_embeddings", None)
-    if isinstance(limit, int) and c.max_seq_len > limit:
+    # the default length is a cap on rows, not a request: a short-context model calibrates on
+    # whatever its rows hold; a length the user set above the model's is a mistake
+    chosen = c.max_seq_len != CalibrationSettings().max_seq_len
+    if isinstance(limit, int) and chosen and c.max_seq_len > limit:
         raise QuantkitError(f"calibration.max_seq_len (or --max-seq-len): {c.max_seq_len} is above the model's "
                             f"max_position_embeddings {limit} (the limit)")
     hidden = getattr(config, "hidden_size", None)
