@@ -181,6 +181,34 @@ def budget_above_every_plan(w):
             "--out", w.root / "out"], ("budget: 100.0 bits per weight is above the largest plan",)
 
 
+@case
+def plan_utilization_above_one(w):
+    return ["plan", w.model, "--utilization", "2"], ("--utilization: 2.0 is not in (0, 1]",)
+
+
+@case
+def calibrate_max_len_beyond_any_model(w):
+    return ["calibrate", w.log, "--model", w.model, "--max-len", "99999999999", "--out", w.root / "c"], \
+        ("max_len (--max-len)", "99999999999")
+
+
+@case
+def calibrate_max_len_beyond_the_model(w):
+    return ["calibrate", w.log, "--model", w.model, "--max-len", "8192", "--out", w.root / "c"], \
+        ("--max-len: 8192 tokens is above the model's max_position_embeddings 4096",)
+
+
+@case
+def calibrate_samples_beyond_any_need(w):
+    return ["calibrate", w.log, "--model", w.model, "--n", "999999999", "--out", w.root / "c"], \
+        ("num_samples (--n)", "999999999")
+
+
+@case
+def sensitivity_tokens_beyond_any_need(w):
+    return ["sensitivity", w.model, "--calib", w.log, "--tokens", "99999999"], ("--tokens", "65536")
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_refused_in_a_real_process_and_nothing_changes(name, world):
     w, cwd, tmp = world

@@ -12,6 +12,7 @@ from tiny import broken_past, fake_quant_linears
 
 from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.api import HIDDEN
+from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
 from quantkit.markdown import md_text
 
@@ -125,8 +126,12 @@ def test_save_replaces_atomically(saved, tmp_path):
     r, _ = saved
     out = r.save(tmp_path / "rep")
     (out / "stale.txt").write_text("x")
-    r.save(tmp_path / "rep")
-    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["report.html", "report.json", "report.md"]
+    with pytest.raises(QuantkitError, match="rep: output folder exists"):
+        r.save(tmp_path / "rep")
+    assert (out / "stale.txt").exists()
+    r.save(tmp_path / "rep", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == [".quantkit-output.json", "report.html",
+                                                                     "report.json", "report.md"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 

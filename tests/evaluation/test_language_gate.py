@@ -220,9 +220,9 @@ def test_eval_command_languages_option(folders, tmp_path):
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     assert r.stdout.startswith("GO") and "(information, not gated (model card languages: en)) NO-GO: names-zh" in r.stdout
-    r = CliRunner().invoke(app, args + ["--languages", "en,zh"])
+    r = CliRunner().invoke(app, args + ["--languages", "en,zh", "--overwrite"])
     assert r.exit_code == 0 and r.stdout.startswith("NO-GO")
-    r = CliRunner().invoke(app, args + ["--languages", "en,english"])
+    r = CliRunner().invoke(app, args + ["--languages", "en,english", "--overwrite"])
     assert r.exit_code == 2 and "--languages: 'english' is not a language code" in r.stderr
 
 
