@@ -11,8 +11,13 @@ from typing import List, Optional
 
 import typer
 
+# imported, not guarded: an ImportError here is a bug or a missing dependency, and must say so
+# rather than leave the commands out of the help ("No such command"); these modules load
+# transformers only when a command runs
+from .calibration.cli import calibrate_command
 from .disk_space import disk_full_error, is_disk_full
 from .errors import QuantkitError
+from .evaluation.cli import eval_command, plan_command
 from .outputs import OutputPolicy
 from .jsonio import dumps_strict
 
@@ -241,10 +246,8 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
 
 
 def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
-    try:
-        from .evaluation import evaluate_checkpoint  # arrives with the evaluation harness
-    except ImportError:
-        return
+    from .evaluation import evaluate_checkpoint
+
     evaluate_checkpoint(model, path, recipe, calib)
 
 
@@ -338,22 +341,9 @@ def sensitivity_command(
             _fail(str(e))
 
 
-def _register_optional() -> None:
-    """Commands from the calibration and evaluation packages, when present."""
-    try:
-        from .calibration.cli import calibrate_command
-        app.command("calibrate")(calibrate_command)
-    except ImportError:
-        pass
-    try:
-        from .evaluation.cli import eval_command, plan_command
-        app.command("eval")(eval_command)
-        app.command("plan")(plan_command)
-    except ImportError:
-        pass
-
-
-_register_optional()
+app.command("calibrate")(calibrate_command)
+app.command("eval")(eval_command)
+app.command("plan")(plan_command)
 
 
 def main() -> None:
