@@ -124,7 +124,7 @@ def test_group_with_g_idx_matches_permuted_contiguous():
 
 
 def test_bit_exact_with_compressed_tensors_dequantize():
-    ct = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
+    import compressed_tensors.quantization.lifecycle.forward as ct
     from compressed_tensors.quantization import QuantizationArgs
 
     w = torch.randn(32, 128, dtype=torch.bfloat16)

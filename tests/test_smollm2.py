@@ -62,7 +62,7 @@ def test_w4a16_group_128_is_refused_with_the_key(smollm2_dir):
 @pytest.mark.parametrize("name", ["W4A16", "W8A16"])
 def test_transformers_compressed_tensors_match(converted, tokenizer, name):
     """transformers + compressed-tensors load our checkpoint: logits within 1e-3, weights identical."""
-    pytest.importorskip("compressed_tensors")
+    import compressed_tensors  # noqa: F401
     ids = tokenizer("The capital of France is Paris. The number 1234 plus 1 is", return_tensors="pt").input_ids
     ours = quantkit.load(converted[name])
     theirs = AutoModelForCausalLM.from_pretrained(converted[name], dtype=torch.float32)

@@ -8,12 +8,11 @@ proof (slow, opt-in); these tests pin the config to compressed-tensors' own pres
 
 from __future__ import annotations
 
+import compressed_tensors.quantization as ct_quant
 import pytest
 
 from quantkit.formats.compressed_tensors import quantization_config
 from quantkit.scheme import PRESETS
-
-ct_quant = pytest.importorskip("compressed_tensors.quantization")
 
 FIELDS = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic")
 FORMAT = {"FP8_DYNAMIC": "float-quantized", "FP8": "float-quantized", "W8A8": "int-quantized",
