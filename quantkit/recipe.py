@@ -36,6 +36,7 @@ from .kv_cache import KVCacheScheme
 from .safe_yaml import load_yaml_file
 from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
 from .sensitivity.settings import MixedSettings
+from .sizes import size_bytes
 from .validation import build_options, check_flag, checked_options, config, invalid, parse, short, short_text
 
 RECIPE_VERSION = 1
@@ -47,14 +48,14 @@ EvalCheck = Callable[[Mapping[str, Any], str], Mapping[str, Any]]
 
 def _read_size(value: Any) -> Any:
     if isinstance(value, str):
-        size = _size_bytes(value)
+        size = size_bytes(value)
         if size is None:
             raise invalid(f"cannot read size {short(value)} (e.g. '2GB', '500MiB')")
         return size
     return value
 
 
-#: A number of bytes, or a size such as "2GB" / "500MiB" in a recipe.
+#: A number of bytes, or a size such as "2GB" / "500MiB" in a recipe (read as quantkit/sizes.py says).
 ByteSize = Annotated[StrictInt, BeforeValidator(_read_size)]
 
 
@@ -367,16 +368,6 @@ def _mixed_yaml(m: MixedSettings) -> dict[str, Any]:
                               {k: v for k, v in dataclasses.asdict(c.weights).items() if v is not None}}
                              for c in m.candidates]
     return out
-
-
-def _size_bytes(text: str) -> int | None:
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-    t = text.strip().upper().replace(" ", "")
-    num = t.rstrip("KMGIB")
-    try:
-        return int(float(num) * units[t[len(num):]])
-    except (ValueError, KeyError):
-        return None
 
 
 def load_recipe(recipe: "str | Path | Recipe | Mapping | None", check_eval: EvalCheck | None = None) -> Recipe:

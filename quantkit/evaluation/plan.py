@@ -13,32 +13,30 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import QuantkitError
+from ..sizes import size_bytes
 
 BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
         "fp8": 8, "float8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2}
-UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-         "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30}
 GiB = 2**30
 
 
 def parse_bytes(text: str | int, where: str = "--gpu-mem") -> int:
-    """'80GiB' -> 85899345920; '80GB' -> 80e9.
+    """'80GiB' -> 85899345920; '80GB' -> 80e9; '80G' -> '80GiB' (the recipe's reading: quantkit/sizes.py).
 
-    >>> parse_bytes("80GiB") == 80 * 2**30, parse_bytes("1.5 GB")
+    >>> parse_bytes("80GiB") == parse_bytes("80G") == 80 * 2**30, parse_bytes("1.5 GB")
     (True, 1500000000)
     """
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
-    if not m or m.group(2).lower() not in UNITS:
+    size = size_bytes(str(text))
+    if size is None:
         raise QuantkitError(f"{where}: cannot read {text!r} as a size (e.g. 80GiB, 24GB)")
-    return int(float(m.group(1)) * UNITS[m.group(2).lower()])
+    return size
 
 
 def bits_of(name: str, where: str) -> int:
