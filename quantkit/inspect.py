@@ -59,7 +59,7 @@ def inspect_checkpoint(path: str | Path) -> dict[str, Any]:
         "quantized_bytes": sum(m["bytes"] for m in per_module.values()),
         "modules_by_format": dict(formats),
         "modules": per_module,
-        "backend": {"cpu": select_backend("cpu"), "cuda": select_backend("cuda")},
+        "backend": {"cpu": select_backend("cpu"), "cuda": select_backend("cuda", record=False)},
         "steps": _step_names(log.get("recipe") or {}),
         "moe_coverage": log.get("moe_coverage"),   # tokens per MoE expert in calibration (None: dense)
     }

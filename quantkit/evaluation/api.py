@@ -11,6 +11,7 @@ from typing import Mapping
 from tqdm.auto import tqdm
 
 from ..errors import QuantkitError
+from ..kernels import backend_fallbacks
 
 from .bootstrap import row_intervals
 from .business import business_meta, read_business
@@ -284,6 +285,7 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     langs = {s.name: s.language for s in slices}
     verdict = decide(measures, th, {s.name: gate.why_not() for s in slices
                                     if not gate.gates(s.language, s.public)})
+    warnings += backend_fallbacks()   # e.g. CUDA ran the torch reference: slower than deployed
     if not any(v for s, v in measures.items() if s not in verdict.not_gated):
         warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
         verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))

@@ -7,12 +7,17 @@ anywhere, "triton" runs on CUDA. ``select_backend`` picks the default for a devi
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Callable
 
 from ..errors import QuantkitError
 
 BACKENDS: dict[tuple[str, str], Callable] = {}
+
+_log = logging.getLogger("quantkit")
+_triton_error: str | None = None   # why the triton backends did not load, when they did not
+_fallbacks: list[str] = []         # each time a device ran a slower backend than its default, why
 
 
 def register_backend(fmt: str, name: str):
@@ -28,20 +33,39 @@ def get_backend(fmt: str, name: str) -> Callable:
     fn = BACKENDS.get((fmt, name))
     if fn is None:
         have = sorted(n for f, n in BACKENDS if f == fmt)
-        raise QuantkitError(f"backend: '{name}' is not available for format '{fmt}' (available: {', '.join(have)})")
+        why = f"; it could not load: {_triton_error}" if name == "triton" and _triton_error else ""
+        raise QuantkitError(f"backend: '{name}' is not available for format '{fmt}' "
+                            f"(available: {', '.join(have)}){why}")
     return fn
 
 
-def select_backend(device_type: str, override: str | None = None) -> str:
-    """The backend to use on a device: the override, ``$QUANTKIT_BACKEND``, else triton on CUDA."""
+def backend_fallbacks() -> list[str]:
+    """Why a device runs the torch reference instead of its default backend, once per reason,
+    for this process so far (the evaluation report lists them among its warnings)."""
+    return list(_fallbacks)
+
+
+def select_backend(device_type: str, override: str | None = None, *, record: bool = True) -> str:
+    """The backend to use on a device: the override, ``$QUANTKIT_BACKEND``, else triton on CUDA.
+
+    CUDA without a loadable triton gets the torch reference: a warning, and a reason in
+    ``backend_fallbacks()``, unless ``record`` is False (a question, not a model about to run)."""
     choice = override or os.environ.get("QUANTKIT_BACKEND")
     if choice:
         if choice not in ("torch", "triton"):
             raise QuantkitError(f"backend: unknown backend '{choice}' (torch, triton)")
         return choice
     _ensure_loaded()
-    if device_type == "cuda" and any(n == "triton" for _, n in BACKENDS):
+    if device_type != "cuda":
+        return "torch"
+    if any(n == "triton" for _, n in BACKENDS):
         return "triton"
+    reason = (f"kernel backend: triton could not load ({_triton_error or 'not registered'}); "
+              "CUDA runs the slower torch reference instead")
+    if record and reason not in _fallbacks:
+        # a warning, not info: the numbers are right but the speed is not what the user expects
+        _log.warning("%s", reason)
+        _fallbacks.append(reason)
     return "torch"
 
 
@@ -59,13 +83,15 @@ def _ensure_loaded() -> None:
 
 
 def _load_triton() -> None:
-    # ---- triton backends (kernels issue): import guarded so the torch path never breaks ----
+    global _triton_error
+    # ---- triton backends: import guarded so the torch path never breaks ----
     try:
         from . import fp8_gemm, int4_gemm, int8_gemm
     except Exception as exc:  # no triton, or a broken install: the torch reference still serves
-        import logging
-
-        logging.getLogger("quantkit").info("triton backends unavailable: %s", exc)
+        # recorded, and warned about where a device would have used it (select_backend): a
+        # CPU-only machine without triton loses nothing
+        _triton_error = f"{type(exc).__name__}: {exc}"
+        _log.info("triton backends unavailable: %s", _triton_error)
         return
     register_backend("pack-quantized", "triton")(int4_gemm.w4a16_linear)
     register_backend("int-quantized", "triton")(int8_gemm.int8_linear)
