@@ -9,11 +9,9 @@ as the FP8 cache holds them (``quantkit.kv_cache``), so every measure sees the K
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from .arch import arch_for
