@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 16): one script for a CUDA machine, under 8 minutes, results in $OUT.
+# GPU check: one script for a CUDA machine, under 8 minutes, results in $OUT.
 #
 #   bash benchmarks/gpu_check.sh              # CUDA: compiled kernels, full shapes
 #   bash benchmarks/gpu_check.sh --dry-run    # CPU: TRITON_INTERPRET=1, tiny shapes (~1 min;
