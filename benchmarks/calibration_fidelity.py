@@ -23,7 +23,7 @@ most 512 tokens) from ``--samples`` calibration texts:
 Each is evaluated as ``quantkit eval --calib`` would (business.py: through the chat template,
 scoring the assistant turns; bootstrap intervals over rows) on the held-out log's task slices,
 generation left out. ``--report`` prints per task the mean KL over seeds, the seed spread and
-the default policy's bootstrap half-width, and checks issue 17's acceptance: the default beats
+the default policy's bootstrap half-width, and checks the acceptance criteria: the default beats
 random rows on the mean by more than the seed spread and loses on no task by more than its
 interval; generic text loses to it on every task.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU check (issue 16): one script for a CUDA machine, under 8 minutes, results in $OUT.
+# GPU check: one script for a CUDA machine, under 8 minutes, results in $OUT.
 #
 #   bash benchmarks/gpu_check.sh              # CUDA: compiled kernels, full shapes
 #   bash benchmarks/gpu_check.sh --dry-run    # CPU: TRITON_INTERPRET=1, tiny shapes (~1 min;
@@ -9,7 +9,7 @@
 # earlier one failed, so one GPU session yields every figure it can):
 #   env      versions, the device, and every import the stages need (benchmarks/gpu_check.py env)
 #   tests    pytest tests/kernels with the kernels compiled: TRITON_INTERPRET is unset and
-#            QUANTKIT_TRITON_COMPILED=1 makes tests/conftest.py refuse to fall back to the
+#            QUANTKIT_TRITON_COMPILED=1 makes conftest.py (repository root) refuse to fall back to the
 #            interpreter. tests/kernels/test_backends.py holds the end-to-end Triton-vs-torch
 #            checkpoint test (test_checkpoint_logits_triton_vs_torch). Dry run: that file only.
 #   kernels  benchmarks/kernel_bench.py over M in 1, 16, 128, 2048 and K x N in 4096x4096,

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-EVAL_SECONDS = 396.7   # `evaluate` wall s, SmolLM2 W8A16, default suite, one core (RESULTS.md, issue 6)
+EVAL_SECONDS = 396.7   # `evaluate` wall s, SmolLM2 W8A16, default suite, one core (benchmarks/RESULTS.md)
 MEASURES = ("recon_excess_db", "recon_unit_excess_db", "recon_gain_error", "tensor_problems", "tensor_rel_error")
 
 

@@ -4,7 +4,7 @@ Per shape (M in 1, 16, 128, 2048; K x N in 4096x4096, 8192x8192, 8192x28672) it 
 W4A16 (fp16, group 128), FP8 W8A8 (bf16, dynamic per token, quantization included) and INT8
 W8A8 (bf16, likewise): time, TFLOP/s, GB/s, the speed-up over torch's dense fp16/bf16
 matmul, and the fraction of the memory-bandwidth limit (nominal H200 4.8 TB/s, and a
-measured device-to-device copy as the practical ceiling). Issue 5's targets are checked:
+measured device-to-device copy as the practical ceiling). The targets are checked:
 W4A16 >= 3x fp16 and >= 70% of bandwidth for M <= 16; FP8 >= 1.6x bf16 for M >= 2048.
 
     python benchmarks/kernel_bench.py                    # CUDA; a markdown table on stdout

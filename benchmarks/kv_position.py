@@ -1,4 +1,4 @@
-"""Benchmark: KL by position for each KV-cache option, K and V apart (issue 12, acceptance 3).
+"""Benchmark: KL by position for each KV-cache option, K and V apart.
 
 For a model and each context length: the ``--slice`` text (``long-en``) cut at LENGTH tokens and
 scored in one window, through the evaluation's own teacher-forced pass (``run_forced``, each

@@ -3,7 +3,7 @@ default, conversion and the full default evaluation that follows it.
 
 Prints (and with ``--json`` writes) the whole command's wall time and CPU time, the
 conversion's own seconds (its ``done:`` line), the evaluation's seconds in total and per slice
-(``eval/report.json`` meta) and the verdict. Issue 17 asks for at most 10 minutes on the 2-core
+(``eval/report.json`` meta) and the verdict. The target is at most 10 minutes on the 2-core
 CI machine with nothing else running: check ``uptime`` before a run that is meant to show it.
 
 Usage:

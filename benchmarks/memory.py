@@ -1,4 +1,4 @@
-"""Peak memory of a conversion against model depth (issue 2, acceptance 3; issue 15, acceptance 1).
+"""Peak memory of a conversion against model depth.
 
 Builds two random-initialised Llama checkpoints of the same width, one with twice the layers
 of the other, converts each in a fresh process with each recipe (RTN W4A16; GPTQ W4A16 g64
@@ -65,8 +65,8 @@ hwm = next(int(line.split()[1]) for line in open("/proc/self/status") if line.st
 print(json.dumps({"peak_rss": hwm * 1024, "seconds": time.time() - t}))
 """
 # VmHWM (this process's own peak), not ru_maxrss: ru_maxrss keeps the peak of the memory a process
-# exec'd from, and subprocess execs the child from this script's, which built the models (measured
-# in session 13: a child exec'd from a 1 GiB parent reported ru_maxrss 1037 MiB, VmHWM 13 MiB)
+# exec'd from, and subprocess execs the child from this script's, which built the models (measured:
+# a child exec'd from a 1 GiB parent reported ru_maxrss 1037 MiB, VmHWM 13 MiB)
 
 
 def measure(mode: str, src: Path, recipe: dict, runs: int, tmp: Path) -> dict:

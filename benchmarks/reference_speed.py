@@ -1,4 +1,4 @@
-"""Tokens/s of the torch reference backend against the fp32 model on the CPU (issue 5, item 4).
+"""Tokens/s of the torch reference backend against the fp32 model on the CPU.
 
 Evaluation runs quantized checkpoints through `quantkit.load` on the torch reference path; it
 must not be the reason evaluation is slow. Measures prefill (one 512-token sequence) and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark: draw 512 calibration samples from a 100k-row traffic log (issue 3, item 2).
+"""Benchmark: draw 512 calibration samples from a 100k-row traffic log.
 
     python benchmarks/sampler.py [--rows 100000] [--n 512] [--max-len 2048] [--repeat 3]
 

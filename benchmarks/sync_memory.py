@@ -1,4 +1,4 @@
-"""Resident memory at each sync point of GPTQ's one-pass lockstep (issue 15, item 4).
+"""Resident memory at each sync point of GPTQ's one-pass lockstep.
 
 Runs ``quantkit.quantize`` on the embedded SmolLM2-135M with benchmarks/gptq.py's GPTQ setting
 (W4A16 sym g64, act-order weight, min-max ranges) on ``--samples`` Lee-corpus windows of 512

@@ -1,4 +1,4 @@
-"""vLLM deployment check (issue 2, acceptance 1): quantkit checkpoints in the real client.
+"""vLLM deployment check : quantkit checkpoints in the real client.
 
 For SmolLM2-135M-Instruct (the embedded default), this script
 
@@ -86,7 +86,7 @@ PROMPTS = [
     "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
 ]
 TOLERANCE = 0.005  # quantkit ppl may exceed llm-compressor's by at most 0.5 %
-CHECKED = ("FP8_DYNAMIC", "W8A8")  # schemes vLLM's CPU build runs here (FACTS.md)
+CHECKED = ("FP8_DYNAMIC", "W8A8")  # schemes vLLM's CPU build runs here (docs/PLATFORM.md)
 EXTRA = ("W4A16_G64", "W8A16")     # pack-quantized: loads, AVX512-only kernel; reported only
 QUANTKIT_RECIPES = {"FP8_DYNAMIC": "fp8-dynamic", "W8A8": "w8a8", "W4A16_G64": "w4a16-g64", "W8A16": "w8a16"}
 

@@ -2,11 +2,11 @@
 
 Example:
     >>> import quantkit
-    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-g64")
-    >>> q.save("out/model-w4a16")
-    >>> model = quantkit.load("out/model-w4a16")
+    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-g64")                        # doctest: +SKIP
+    >>> q.save("out/model-w4a16")                                                    # doctest: +SKIP
+    >>> model = quantkit.load("out/model-w4a16")                                     # doctest: +SKIP
     >>> q = quantkit.quantize("path/to/hf-model", "w4a16-gptq", "calib/", out="out/m", resume=True)  # doctest: +SKIP
-    >>> q.save()                                       # continues a killed run of out/m, if any
+    >>> q.save()                                       # continues a killed run of out/m, if any  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Pa
 
     Example:
         >>> s = quantkit.sensitivity(None, "w4a16-g64-gptq")        # doctest: +SKIP
-        >>> s.ranking("W4_G64")[:3]                                 # the most damaged units
+        >>> s.ranking("W4_G64")[:3]                                 # the most damaged units  # doctest: +SKIP
     """
     from .sensitivity import candidates_from, sensitivity_search
 

@@ -8,6 +8,7 @@ raise ``invalid(message, key)``. ``parse(cls, data, where)`` validates a mapping
 file; ``build_options(cls, options, where)`` checks a step's options against the typed
 fields of its plain dataclass and builds it. Every failure is one line naming the key path:
 
+    >>> from quantkit.scheme import QuantArgs
     >>> parse(QuantArgs, {"num_bits": 4.0}, "config_groups.g.weights")
     Traceback (most recent call last):
     quantkit.errors.QuantkitError: config_groups.g.weights.num_bits: expected an integer, got 4.0
@@ -70,6 +71,7 @@ def parse(cls: type[T], data: Any, where: str = "") -> T:
 def check_flag(cls: type, key: str, value: Any, flag: str) -> Any:
     """A command-line ``flag`` that stands for field ``key`` of ``cls``, checked as that field is.
 
+    >>> from quantkit.evaluation.section import EvalSection
     >>> check_flag(EvalSection, "max_len", 0, "--max-len")
     Traceback (most recent call last):
     quantkit.errors.QuantkitError: --max-len: must be >= 16, got 0
@@ -144,6 +146,11 @@ def json_object(text: str, where: str) -> dict:
 def error_line(err: ValidationError, where: str = "", root: type | None = None) -> str:
     """The first error as ``"<where><key.path>: <what is wrong>"``.
 
+    >>> from quantkit.scheme import QuantScheme
+    >>> try:
+    ...     TypeAdapter(QuantScheme).validate_python({"weights": {"num_bits": 4.0}})
+    ... except ValidationError as err:
+    ...     e = err
     >>> error_line(e, "config_groups.g")        # e: num_bits 4.0 in weights
     'config_groups.g.weights.num_bits: expected an integer, got 4.0'
     """

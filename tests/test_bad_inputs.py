@@ -134,7 +134,7 @@ def into(table: dict[str, Case]) -> Callable[[Case], Case]:
 case, warning_case = into(CASES), into(WARNINGS)
 
 
-# tracebacks before (issue 13)
+# inputs that once ended in tracebacks
 @case
 def config_not_json(w, tmp):
     m = model_copy(w, tmp)
@@ -222,7 +222,7 @@ def eval_truncated_plain_candidate(w, tmp):
     return evaluate(w, tmp, candidate=m), "model.safetensors: not a valid safetensors file"
 
 
-# accepted or ignored silently before (issue 13)
+# inputs that were once accepted or ignored silently
 @case
 def group_size_true(w, tmp):
     return convert(w.model, tmp, recipe=recipe_file(tmp, "scheme: W4A16\ngroup_size: true\n")), \
@@ -304,7 +304,7 @@ def eval_calib_row_not_an_object(w, tmp):
     return evaluate(w, tmp, "--calib", tmp / "log.jsonl"), "log.jsonl:2: expected a JSON object, got str"
 
 
-# held before issue 13, kept
+# refusals that already held, kept
 @case
 def truncated_safetensors(w, tmp):
     m = model_copy(w, tmp)
@@ -381,7 +381,7 @@ def existing_output(w, tmp):
     return convert(w.model, tmp), "out: output folder exists (use --overwrite to replace an earlier quantkit output)"
 
 
-# the kv_cache: section (issue 12)
+# the kv_cache: section
 @case
 def kv_cache_channel_strategy(w, tmp):
     return convert(w.model, tmp, recipe=recipe_file(tmp, "scheme: FP8_DYNAMIC\nkv_cache: {strategy: channel}\n")), \
@@ -400,7 +400,7 @@ def kv_cache_unknown_key(w, tmp):
         "kv_cache: unknown key 'stratgy'"
 
 
-# target precedence (issue 14): two groups as specific as each other for one module
+# target precedence: two groups as specific as each other for one module
 @case
 def two_groups_tie_on_a_module(w, tmp):
     text = ("config_groups:\n  mlp4:\n    targets: ['re:.*mlp\\..*']\n    weights: {num_bits: 4, group_size: 32}\n"
@@ -409,7 +409,7 @@ def two_groups_tie_on_a_module(w, tmp):
         "recipe.yaml: config_groups.mlp4 and config_groups.down8 both target 'model.layers.0.mlp.down_proj' by regex"
 
 
-# mixed precision (issue 14): the budget is checked against the candidates' sizes before any data is read
+# mixed precision: the budget is checked against the candidates' sizes before any data is read
 @case
 def budget_zero(w, tmp):
     return convert(w.model, tmp, "--budget", "0", recipe="w4a16-g64"), "--budget: must be > 0.0, got 0.0"

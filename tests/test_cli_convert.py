@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from model_factory import make_llama_dir
 
 RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
 

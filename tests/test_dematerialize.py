@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from quantkit.pipeline.onload import dematerialize

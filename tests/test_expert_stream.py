@@ -19,7 +19,7 @@ from quantkit.pipeline.expert_stream import module_bytes, plan_stream
 from quantkit.recipe import Recipe
 
 from model_factory import random_ids
-from moe_models import NUM_EXPERTS, make_moe_dir
+from moe_models import make_moe_dir
 
 CALIB = random_ids(4, 32)
 RECIPES = {

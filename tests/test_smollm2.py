@@ -1,6 +1,6 @@
-"""The spine on the real embedded model, SmolLM2-135M-Instruct (issue 2, acceptance 1 and 2).
+"""The spine on the real embedded model, SmolLM2-135M-Instruct: convert, pack, reload.
 
-Its weights sit on a 4-bit asymmetric group-32 grid already (FACTS.md), so the W4A16 check
+Its weights sit on a 4-bit asymmetric group-32 grid already (docs/PLATFORM.md), so the W4A16 check
 uses the symmetric group-64 grid, where quantization error is real.
 """
 

@@ -17,9 +17,11 @@ layer with hooks to collect Hessians, one per distinct input tensor, and solves 
 that share an input together (their rows are independent given ``H``).
 
 Example:
+    >>> x, linear = torch.randn(16, 128), nn.Linear(128, 32)     # 16 tokens into a 128 -> 32 linear
     >>> H, n = accumulate_hessian(x, None, 0)
     >>> res = quantize_weight(linear.weight.data, H, QuantArgs(num_bits=4, group_size=64))
     >>> res.q.shape, res.scale.shape            # codes [out, in], scales [out, in // 64]
+    (torch.Size([32, 128]), torch.Size([32, 2]))
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ card) are measured and get their level, but their breaches are information only 
 never change the decision.
 
 Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate), derived
-from the full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, issue 6),
+from the full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, the evaluation suite),
 RTN checkpoints, on the gated (English) slices. Evidence columns: W8A16's worst slice,
 FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay NO-GO).
 
@@ -27,7 +27,7 @@ FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay N
 |                      |        |             |            |       |         |        | 1.4x FP8                             |
 | kl_last_bucket       | lower  | 0.06        | 0.10       |       | 0.027   | 0.385  | the deepest position bucket with     |
 |                      |        |             |            |       |         |        | tokens: kl_mean's limits (below);    |
-|                      |        |             |            |       |         |        | long-en at 2048 (issue 12's table)   |
+|                      |        |             |            |       |         |        | long-en at 2048 (KV-cache table)     |
 | gen_agreement        | higher | 0.25        | 0.15       | 0.46  | 0.32    | 0.05   | 8 prompts x 32 greedy tokens fork on |
 |                      |        |             |            |       |         |        | near-ties even at 8 bits: ~2 tokens  |
 |                      |        |             |            |       |         |        | of 32 under FP8's worst (names-en)   |

@@ -8,7 +8,6 @@ transformers (through the compressed-tensors package) read back is exactly this.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch

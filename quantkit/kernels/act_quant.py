@@ -7,8 +7,8 @@ MIN_SCALE are vLLM's serving constants, as in the torch reference backend (``ref
 int8 127 and 1e-10, fp8 448 and 1 / (448 * 512).
 
 Example:
-    >>> codes, scale = quantize_activations(x, "int8")            # per token
-    >>> codes, scale = quantize_activations(x, "fp8", input_scale) # static
+    >>> codes, scale = quantize_activations(x, "int8")            # per token  # doctest: +SKIP
+    >>> codes, scale = quantize_activations(x, "fp8", input_scale) # static  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def _round_half_even(v):
 @triton.jit
 def _round_to_e4m3(v):
     # Round |v| <= 448 to the nearest E4M3 value in fp32, so that the cast below is exact.
-    # The interpreter's fp32->fp8 cast is wrong for ~3% of values (FACTS.md): measured, it drops
+    # The interpreter's fp32->fp8 cast is wrong for ~3% of values (docs/PLATFORM.md): measured, it drops
     # the carry when the mantissa rounds up into the next binade (127.9 becomes 64). On a GPU
     # this gives what the native round-to-nearest-even cast gives.
     bits = v.to(tl.int32, bitcast=True)
@@ -89,7 +89,7 @@ def _act_quant_kernel(
         tl.store(s_ptr + row, scale)
     for k0 in range(0, K, BLOCK):
         offs = k0 + tl.arange(0, BLOCK)
-        # cast at once: bf16 arithmetic is broken in the interpreter (FACTS.md)
+        # cast at once: bf16 arithmetic is broken in the interpreter (docs/PLATFORM.md)
         x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
         v = tl.math.div_rn(x, scale)  # IEEE division, as torch does (the default '/' is approximate)
         if INT8:
@@ -103,7 +103,7 @@ def quantize_activations(x: torch.Tensor, kind: str, input_scale: torch.Tensor |
     """Codes ``[M, K]`` and fp32 scales (``[M, 1]`` per token, ``[1]`` static) of ``x`` ``[M, K]``.
 
     ``kind`` is ``"fp8"`` or ``"int8"``. FP8 codes are rounded to nearest even in fp32 before
-    the cast, which sidesteps the interpreter's faulty fp32->fp8 cast (FACTS.md).
+    the cast, which sidesteps the interpreter's faulty fp32->fp8 cast (docs/PLATFORM.md).
     """
     if kind not in ("fp8", "int8"):
         raise ValueError(f"kind: expected 'fp8' or 'int8', got {kind!r}")

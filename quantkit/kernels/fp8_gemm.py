@@ -8,8 +8,8 @@ quantized by the fused kernel of ``act_quant`` (per token, dynamic; or per tenso
 (weight-only FP8) the kernel multiplies ``x`` with the upcast weight instead.
 
 Example:
-    >>> y = fp8_gemm(x, weight, weight_scale)                  # dynamic per token
-    >>> y = fp8_gemm(x, weight, weight_scale, input_scale)     # static per tensor
+    >>> y = fp8_gemm(x, weight, weight_scale)                  # dynamic per token  # doctest: +SKIP
+    >>> y = fp8_gemm(x, weight, weight_scale, input_scale)     # static per tensor  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def scaled_gemm(kernel, tuned, interpret_config, a: torch.Tensor, weight: torch.
     n = weight.shape[0]
     interpreted = not a.is_cuda
     if interpreted and out_dtype == torch.bfloat16:
-        store_dtype = torch.float32  # the interpreter truncates fp32 -> bf16 (FACTS.md): cast in torch
+        store_dtype = torch.float32  # the interpreter truncates fp32 -> bf16 (docs/PLATFORM.md): cast in torch
     else:
         store_dtype = out_dtype
     out = torch.empty((m, n), dtype=store_dtype, device=a.device)

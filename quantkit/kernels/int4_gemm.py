@@ -18,8 +18,8 @@ atomically added into an fp32 buffer) so that a GEMV still fills the GPU; above 
 tiles without split-K.
 
 Example:
-    >>> w = repack(weight_packed, scale, zero_point, g_idx, (N, K), num_bits=4, group_size=128)
-    >>> y = w4a16_gemm(x, w)                     # x: [M, K] fp16 on CUDA
+    >>> w = repack(weight_packed, scale, zero_point, g_idx, (N, K), num_bits=4, group_size=128)  # doctest: +SKIP
+    >>> y = w4a16_gemm(x, w)                     # x: [M, K] fp16 on CUDA  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ PREFILL_CONFIGS = [
     triton.Config({"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "SPLIT_K": 1, "GROUP_M": 8},
                   num_warps=w, num_stages=st) for m, n, k, w, st in _PREFILL]
 # Under TRITON_INTERPRET=1 every program runs in numpy: one fixed config per path, big
-# blocks so that small test shapes take few programs (docs: FACTS.md). fp32 activations on a
+# blocks so that small test shapes take few programs (docs/PLATFORM.md). fp32 activations on a
 # GPU use them too: IEEE fp32 dots compile slowly, autotuning them would take minutes.
 INTERPRET_DECODE = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 2, "GROUP_M": 1}
 INTERPRET_PREFILL = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 64, "SPLIT_K": 1, "GROUP_M": 4}
@@ -252,7 +252,7 @@ def _launch_params(x: torch.Tensor) -> tuple[torch.dtype, bool]:
     if x.dtype == torch.float32:
         return torch.float32, True
     if x.dtype == torch.bfloat16 and interpreted:
-        # interpreter: bf16 arithmetic and fp32->bf16 casts are broken (FACTS.md);
+        # interpreter: bf16 arithmetic and fp32->bf16 casts are broken (docs/PLATFORM.md);
         # compute and store fp32, cast with torch
         return torch.float32, True
     return x.dtype, False

@@ -8,8 +8,8 @@ sum is exact, so the only rounding is the epilogue's. With no activation quantiz
 (weight-only) the codes are upcast to the activations' dtype, which holds them exactly.
 
 Example:
-    >>> y = int8_gemm(x, weight, weight_scale)                  # dynamic per token
-    >>> y = int8_gemm(x, weight, weight_scale, input_scale)     # static per tensor
+    >>> y = int8_gemm(x, weight, weight_scale)                  # dynamic per token  # doctest: +SKIP
+    >>> y = int8_gemm(x, weight, weight_scale, input_scale)     # static per tensor  # doctest: +SKIP
 """
 
 from __future__ import annotations

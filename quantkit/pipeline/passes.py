@@ -136,7 +136,7 @@ class CalibrationPasses:
                 # After the last pause the batches finish one by one, each freeing its paused
                 # intermediates while its output lands in pages an earlier trim handed back:
                 # unbounded, the resident set peaked here, ~100 MiB above the last pause
-                # (SmolLM2, 16 batches; benchmarks/RESULTS.md, session 18).
+                # (SmolLM2, 16 batches; benchmarks/RESULTS.md).
                 bound_freed_memory()
 
         def select(j: int) -> None:

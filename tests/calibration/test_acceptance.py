@@ -1,4 +1,4 @@
-"""Issue 3, acceptance item 1: a skewed 20k-row log of real text with malformed lines."""
+"""Calibration acceptance: a skewed 20k-row log of real text with malformed lines."""
 
 from __future__ import annotations
 

@@ -3,11 +3,13 @@ measure sees the first one's KV error, the report says where each option's scale
 and the footprint gives each option's bytes per token."""
 import json
 
+import test_eval_cli
 import typer
-from test_eval_cli import folders  # noqa: F401  (the fixture: tiny base, W8A16 checkpoint, recipe)
 from typer.testing import CliRunner
 
 from quantkit.evaluation.cli import eval_command
+
+folders = test_eval_cli.folders  # the fixture: tiny base, W8A16 checkpoint, recipe
 
 
 def _run(folders, out, *extra):

@@ -85,7 +85,7 @@ def test_defaults_keep_a_margin_over_fp8_on_english():
     assert v.decision == GO, [r.text() for r in v.reasons]
 
 
-# long-en at 2048 tokens on SmolLM2 (benchmarks/RESULTS.md, "KV cache (issue 12): KL by position"):
+# long-en at 2048 tokens on SmolLM2 (benchmarks/RESULTS.md, KV cache, KL by position):
 # each candidate's mean, worst and deepest bucket
 LONG_EN_2048 = {"fp8_dynamic": {"kl_mean": 0.0308, "kl_worst_bucket": 0.0790, "kl_last_bucket": 0.0271},
                 "w4a16-g64": {"kl_mean": 0.406, "kl_worst_bucket": 0.763, "kl_last_bucket": 0.385},

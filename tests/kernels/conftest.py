@@ -14,7 +14,10 @@ import torch
 _ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 _EARLY = []
 if not _ON_GPU:
-    _EARLY = [m for m in ("quantkit.kernels.int4_gemm", "quantkit.kernels.fp8_gemm") if m in sys.modules]
+    # Already "1" (the root conftest.py sets it before collection): modules imported earlier, such
+    # as by the doctests of quantkit/, were imported under the interpreter too.
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        _EARLY = [m for m in ("quantkit.kernels.int4_gemm", "quantkit.kernels.fp8_gemm") if m in sys.modules]
     os.environ["TRITON_INTERPRET"] = "1"
 
 
@@ -22,4 +25,4 @@ if not _ON_GPU:
 def _interpreter_active():
     if _EARLY:
         pytest.fail(f"{_EARLY} imported before tests/kernels/conftest.py set TRITON_INTERPRET=1: "
-                    "set it in tests/conftest.py")
+                    "set it in the repository's root conftest.py")
