@@ -256,7 +256,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
             as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """Show a checkpoint's scheme, per-module formats and sizes, and the kernel backend."""
     try:
-        from .inspect import inspect_checkpoint
+        from .checkpoint_info import inspect_checkpoint
 
         info = inspect_checkpoint(path)
     except QuantkitError as e:
