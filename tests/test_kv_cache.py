@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import quantkit
 from quantkit.errors import QuantkitError
-from quantkit.kv_cache import KVCacheScheme, fake_quantize, mse_range, use_kv_attention
+from quantkit.kv_cache import KVCacheScheme, fake_quantize_fp8, mse_range, use_kv_attention
 from quantkit.recipe import Recipe
 
 STRATEGIES = ("tensor", "attn_head")
@@ -156,7 +156,7 @@ def test_mse_range_clips_a_lone_outlier_and_never_widens():
     assert (got <= absmax).all() and (got >= 0.5 * absmax).all()
 
     def err(r):
-        return (fake_quantize(x, (r / 448).reshape(1, -1, 1)) - x).pow(2).sum(dim=(0, 2))
+        return (fake_quantize_fp8(x, (r / 448).reshape(1, -1, 1)) - x).pow(2).sum(dim=(0, 2))
 
     assert (err(got) <= err(absmax)).all()
     tensor = mse_range(x, absmax, per_head=False)
@@ -223,10 +223,10 @@ def test_kv_attention_equals_qdq_then_plain_attention(arch, kv_heads, strategy):
 def test_fake_quantize_is_e4m3_per_head():
     x = torch.randn(2, 3, 5, 8)
     s = torch.tensor([0.01, 0.02, 0.03]).reshape(3, 1, 1)
-    q = fake_quantize(x, s)
+    q = fake_quantize_fp8(x, s)
     assert ((q / s).abs() <= 448).all()
     torch.testing.assert_close((q / s).to(torch.float8_e4m3fn).float(), q / s)   # on the E4M3 grid
-    assert torch.equal(fake_quantize(q, s), q)   # the cache reread: idempotent
+    assert torch.equal(fake_quantize_fp8(q, s), q)   # the cache reread: idempotent
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -12,14 +12,14 @@ that the column order needs, so no inverse is updated inside the loop; updates t
 beyond the current block are applied lazily, once per block (``block_size``).
 
 The solve below is pure functions over tensors (no model knowledge):
-``accumulate_hessian`` and ``quantize_weight``. ``GPTQ`` (the registered algorithm) runs the
+``accumulate_hessian`` and ``gptq_quantize_weight``. ``GPTQ`` (the registered algorithm) runs the
 layer with hooks to collect Hessians, one per distinct input tensor, and solves the linears
 that share an input together (their rows are independent given ``H``).
 
 Example:
     >>> x, linear = torch.randn(16, 128), nn.Linear(128, 32)     # 16 tokens into a 128 -> 32 linear
     >>> H, n = accumulate_hessian(x, None, 0)
-    >>> res = quantize_weight(linear.weight.data, H, QuantArgs(num_bits=4, group_size=64))
+    >>> res = gptq_quantize_weight(linear.weight.data, H, QuantArgs(num_bits=4, group_size=64))
     >>> res.q.shape, res.scale.shape            # codes [out, in], scales [out, in // 64]
     (torch.Size([32, 128]), torch.Size([32, 2]))
 """
@@ -217,7 +217,7 @@ def _output_error(delta: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
     return product.mul_(delta).sum(dim=1) / 2   # in place: one [rows, cols] matrix less at the solve's peak
 
 
-def quantize_weight(
+def gptq_quantize_weight(
     W: torch.Tensor,
     H: torch.Tensor,
     args: QuantArgs,
@@ -703,7 +703,7 @@ class GPTQ(Algorithm):
             H = torch.eye(H.shape[0], dtype=H.dtype)
         W = torch.cat([m.weight.data for m in modules], dim=0)
         try:
-            res = quantize_weight(W, H.to(device), args, block_size=self.block_size,
+            res = gptq_quantize_weight(W, H.to(device), args, block_size=self.block_size,
                                   dampening_frac=self.dampening_frac,
                                   max_damping_retries=self.max_damping_retries,
                                   static_groups=self.static_groups)

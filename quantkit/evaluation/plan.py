@@ -54,10 +54,10 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, bytes_per_elem
     return int(2 * layers * kv_heads * head_dim * bytes_per_elem)
 
 
-def weight_bytes(params: int, bits: float) -> int:
-    """Weight bytes at ``bits`` per parameter.
+def weight_bytes_at_bits(params: int, bits: float) -> int:
+    """Weight bytes estimated at a flat ``bits`` per parameter (exact bytes: ``sensitivity.weight_bytes``).
 
-    >>> weight_bytes(70 * 10**9, 4)  # 35 GB = 32.6 GiB
+    >>> weight_bytes_at_bits(70 * 10**9, 4)  # 35 GB = 32.6 GiB
     35000000000
     """
     return int(params * bits / 8)
@@ -183,8 +183,8 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
                             "server may use, e.g. 0.9)")
     mem = parse_bytes(gpu_mem)
     others = shape.params_total - shape.params_quantizable
-    wb_before = weight_bytes(shape.params_total, b_before)
-    wb_after = weight_bytes(shape.params_quantizable, b_after) + weight_bytes(others, b_before)
+    wb_before = weight_bytes_at_bits(shape.params_total, b_before)
+    wb_after = weight_bytes_at_bits(shape.params_quantizable, b_after) + weight_bytes_at_bits(others, b_before)
     scales = 0
     if b_after < 8 and group_size:
         per_group = 2 + (0 if symmetric else 1)   # fp16 scale (+ int8 zero point)

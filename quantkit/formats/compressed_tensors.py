@@ -49,8 +49,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
     return out
 
 
-def unpack_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
-    """``(codes, zero_point)`` of one module as int8, whatever its format."""
+def unpack_module_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
+    """``(codes, zero_point)`` as int8 from one module's tensor dict, whatever its format."""
     args = scheme.weights
     if "weight_packed" in tensors:
         shape = tuple(int(s) for s in tensors["weight_shape"].tolist())
@@ -66,7 +66,7 @@ def unpack_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
 def decompress_module(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """The dequantized weight of one module."""
-    codes, zp = unpack_codes(tensors, scheme)
+    codes, zp = unpack_module_codes(tensors, scheme)
     return dequantize(codes, tensors["weight_scale"], zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
 
 

@@ -20,7 +20,7 @@ Example:
 
 from .apply import PreparedKV, apply_kv_option, attention_modules, observe_absmax, prepare_kv, weights_only
 from .attention import PLAN_ATTR, attention_name, kv_attention, use_kv_attention
-from .numerics import fake_quantize, per_token_head
+from .numerics import fake_quantize_fp8, per_token_head
 from .observer import MSE_GRID, MSE_MIN_RATIO, MSE_TOKENS, KVObserver, mse_range
 from .options import FORMATS, KVFormat, KVOption, kv_option, kv_options
 from .scheme import KV_SCALE_NAMES, KVCacheScheme, KVStrategy, register_scales, scale_of, scale_shape
@@ -28,7 +28,7 @@ from .scheme import KV_SCALE_NAMES, KVCacheScheme, KVStrategy, register_scales, 
 __all__ = [
     "FORMATS", "KV_SCALE_NAMES", "MSE_GRID", "MSE_MIN_RATIO", "MSE_TOKENS", "PLAN_ATTR", "KVCacheScheme",
     "KVFormat", "KVObserver", "KVOption", "KVStrategy", "PreparedKV", "apply_kv_option", "attention_modules",
-    "attention_name", "fake_quantize", "kv_attention", "kv_option", "kv_options", "mse_range", "observe_absmax",
+    "attention_name", "fake_quantize_fp8", "kv_attention", "kv_option", "kv_options", "mse_range", "observe_absmax",
     "per_token_head", "prepare_kv", "register_scales", "scale_of", "scale_shape", "use_kv_attention",
     "weights_only",
 ]

@@ -25,7 +25,7 @@ from ..arch import ARCHITECTURES, arch_for
 from ..errors import QuantkitError
 from . import kivi
 from .attention import PLAN_ATTR, base_of, register
-from .numerics import fake_quantize
+from .numerics import fake_quantize_fp8
 from .options import HEAD, KVOption, kv_option, quantize_dynamic
 from .scheme import KVCacheScheme, scale_of
 
@@ -47,11 +47,11 @@ class PreparedKV:
         if fmt.static:
             ks, vs = (s.to(key.device) for s in self.scales[module.layer_idx])
         if "v" in parts:
-            value = fake_quantize(value, vs) if fmt.static else quantize_dynamic(value, fmt.value, fmt.codes)
+            value = fake_quantize_fp8(value, vs) if fmt.static else quantize_dynamic(value, fmt.value, fmt.codes)
         if "k" in parts:
             if fmt.residual_keys:
                 return kivi.attend(fn, module, query, key, value, mask, kwargs, bool_mask)
-            key = fake_quantize(key, ks) if fmt.static else quantize_dynamic(key, fmt.key, fmt.codes)
+            key = fake_quantize_fp8(key, ks) if fmt.static else quantize_dynamic(key, fmt.key, fmt.codes)
         return fn(module, query, key, value, mask, **kwargs)
 
 

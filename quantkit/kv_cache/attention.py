@@ -17,7 +17,7 @@ from typing import Callable
 
 from torch import nn
 
-from .numerics import fake_quantize
+from .numerics import fake_quantize_fp8
 
 PLAN_ATTR = "quantkit_kv"
 PREFIX = "quantkit_kv|"
@@ -49,7 +49,7 @@ def kv_attention(base: str) -> Callable:
         fn = base_function(base, module)
         plan = getattr(module, PLAN_ATTR, None)
         if plan is None:
-            return fn(module, query, fake_quantize(key, module.k_scale), fake_quantize(value, module.v_scale),
+            return fn(module, query, fake_quantize_fp8(key, module.k_scale), fake_quantize_fp8(value, module.v_scale),
                       attention_mask, **kwargs)
         return plan.attend(fn, module, query, key, value, attention_mask, kwargs, bool_mask)
 

@@ -2,7 +2,7 @@
 (the layout transformers' attention receives K and V in, before GQA repeats the heads). Each
 returns the dequantized values in ``x``'s dtype: what attention reads back from the cache.
 
-- ``fake_quantize``: FP8 E4M3 with a static scale (``[1]`` or ``[kv_heads, 1, 1]``), the
+- ``fake_quantize_fp8``: FP8 E4M3 with a static scale (``[1]`` or ``[kv_heads, 1, 1]``), the
   checkpoint's ``k_scale`` / ``v_scale``; ``(x / s).clamp(±448).to(float8_e4m3fn) * s``.
 - ``per_token_head``: one scale per token and KV head computed as the token is written,
   vLLM's ``fp8_per_token_head`` / ``int8_per_token_head``: in vLLM's
@@ -53,7 +53,7 @@ FP8 = Codes("fp8", FP8_MAX, -FP8_MAX, integer=False)
 INT8 = Codes("int8", 127.0, -128.0, integer=True)
 
 
-def fake_quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def fake_quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x`` as the FP8 cache holds it with a static scale, back in ``x``'s dtype."""
     s = scale.to(x.dtype)
     return (x / s).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(x.dtype) * s

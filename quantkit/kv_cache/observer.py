@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..primitives import FP8_MAX
-from .numerics import fake_quantize
+from .numerics import fake_quantize_fp8
 from .scheme import KVCacheScheme, scale_of
 
 MSE_GRID = 20          # candidate ranges for observer "mse"
@@ -89,7 +89,7 @@ def mse_range(x: torch.Tensor, absmax: torch.Tensor, per_head: bool) -> torch.Te
     best_err, best = None, top
     for p in torch.linspace(1.0, MSE_MIN_RATIO, MSE_GRID).tolist():
         scale = (p * top / FP8_MAX).clamp_min(1e-12).reshape(1, -1, 1)
-        err = (fake_quantize(x, scale) - x).pow(2).sum(dim=(0, 2))
+        err = (fake_quantize_fp8(x, scale) - x).pow(2).sum(dim=(0, 2))
         if not per_head:
             err = err.sum().expand_as(err)
         if best_err is None:

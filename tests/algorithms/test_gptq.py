@@ -11,7 +11,7 @@ from torch import nn
 
 from quantkit.algorithms import LayerContext, build_algorithm
 from quantkit.algorithms import gptq as gptq_mod
-from quantkit.algorithms.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, quantize_weight
+from quantkit.algorithms.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, gptq_quantize_weight
 from quantkit.errors import QuantkitError
 from quantkit.primitives import calculate_qparams, dequantize, reduce_minmax
 from quantkit.primitives import quantize_weight as rtn_quantize_weight
@@ -122,7 +122,7 @@ def test_solve_matches_column_by_column_reference(name, static_groups, float64_s
     X[:, 5] = 0  # a dead input column
     W = weight(24, 64, dtype=torch.float64)
     H, _ = accumulate_hessian(X, None, 0)
-    res = quantize_weight(W, H, args, block_size=16, static_groups=static_groups)
+    res = gptq_quantize_weight(W, H, args, block_size=16, static_groups=static_groups)
     ref = reference_gptq(W, H, args, static_groups=static_groups)
     assert res.dead_columns == 1
     # block-wise lazy updates and the Cholesky form change nothing but round-off
@@ -136,7 +136,7 @@ def test_solve_in_fp32_agrees_with_reference():
     X = correlated_inputs(2048, 128)
     W = weight(64, 128)
     H, _ = accumulate_hessian(X, None, 0)
-    res = quantize_weight(W, H, args, block_size=32)
+    res = gptq_quantize_weight(W, H, args, block_size=32)
     ref = reference_gptq(W, H, args)
     agree = float(torch.isclose(res.w_hat.double(), ref, rtol=1e-5, atol=1e-6).double().mean())
     assert agree > 0.95  # a code flipped by round-off shifts the later columns a little
@@ -150,7 +150,7 @@ def test_layer_output_error_below_rtn_on_correlated_inputs(name):
     X = correlated_inputs(4096, 128, seed=3)
     W = weight(96, 128, seed=4)
     H, _ = accumulate_hessian(X[:2048], None, 0)
-    res = quantize_weight(W, H, args)
+    res = gptq_quantize_weight(W, H, args)
     q, s, z = rtn_quantize_weight(W, args)
     held_out = X[2048:]  # tokens the Hessian never saw
     gptq_err = output_error(W, res.w_hat, held_out)
@@ -163,9 +163,9 @@ def test_actorder_no_worse_when_input_scales_are_uneven():
     X = correlated_inputs(4096, 128, seed=5)
     W = weight(96, 128, seed=6)
     H, _ = accumulate_hessian(X, None, 0)
-    plain = quantize_weight(W, H, QuantArgs(num_bits=4, group_size=32))
+    plain = gptq_quantize_weight(W, H, QuantArgs(num_bits=4, group_size=32))
     for actorder in ("weight", "group"):
-        act = quantize_weight(W, H, QuantArgs(num_bits=4, group_size=32, actorder=actorder))
+        act = gptq_quantize_weight(W, H, QuantArgs(num_bits=4, group_size=32, actorder=actorder))
         assert float(act.row_loss.sum()) <= 1.02 * float(plain.row_loss.sum()), actorder
 
 
@@ -173,9 +173,9 @@ def test_actorder_layouts():
     X = correlated_inputs(1024, 64, seed=7)
     W = weight(16, 64, seed=8)
     H, _ = accumulate_hessian(X, None, 0)
-    by_weight = quantize_weight(W, H, QuantArgs(num_bits=4, group_size=16, actorder="weight"))
+    by_weight = gptq_quantize_weight(W, H, QuantArgs(num_bits=4, group_size=16, actorder="weight"))
     assert by_weight.g_idx is None and by_weight.scale.shape == (16, 4)
-    by_group = quantize_weight(W, H, QuantArgs(num_bits=4, group_size=16, actorder="group"))
+    by_group = gptq_quantize_weight(W, H, QuantArgs(num_bits=4, group_size=16, actorder="group"))
     g_idx = by_group.g_idx
     assert g_idx.dtype == torch.int32 and g_idx.shape == (64,)
     assert torch.bincount(g_idx.long()).tolist() == [16, 16, 16, 16]
@@ -197,7 +197,7 @@ def test_singular_hessian_escalates_damping_and_reports_it():
     X, H = singular_hessian()
     W = weight(32, 64, seed=10)
     args = QuantArgs(num_bits=4, group_size=16)
-    res = quantize_weight(W, H, args, dampening_frac=0.0, max_damping_retries=6)
+    res = gptq_quantize_weight(W, H, args, dampening_frac=0.0, max_damping_retries=6)
     assert res.damping_retries >= 1 and res.damping > 0
     assert bool(torch.isfinite(res.w_hat).all())
     q, s, z = rtn_quantize_weight(W, args)
@@ -210,8 +210,8 @@ def test_damping_exhausted_raises_naming_the_key():
     _, H = singular_hessian()
     H = H - 0.5 * torch.diagonal(H).mean() * torch.eye(64)  # indefinite: damping must grow a lot
     with pytest.raises(QuantkitError, match="dampening_frac"):
-        quantize_weight(weight(8, 64), H, QuantArgs(num_bits=4, group_size=16), max_damping_retries=1)
-    res = quantize_weight(weight(8, 64), H, QuantArgs(num_bits=4, group_size=16), max_damping_retries=5)
+        gptq_quantize_weight(weight(8, 64), H, QuantArgs(num_bits=4, group_size=16), max_damping_retries=1)
+    res = gptq_quantize_weight(weight(8, 64), H, QuantArgs(num_bits=4, group_size=16), max_damping_retries=5)
     assert res.damping_retries >= 2
 
 
@@ -220,11 +220,11 @@ def test_non_finite_inputs_rejected():
     H, _ = accumulate_hessian(X, None, 0)
     H[3, 4] = float("nan")
     with pytest.raises(QuantkitError, match="hessian"):
-        quantize_weight(weight(8, 32), H, QuantArgs(num_bits=4, group_size=16))
+        gptq_quantize_weight(weight(8, 32), H, QuantArgs(num_bits=4, group_size=16))
     W = weight(8, 32)
     W[0, 0] = float("inf")
     with pytest.raises(QuantkitError, match="weight"):
-        quantize_weight(W, accumulate_hessian(X, None, 0)[0], QuantArgs(num_bits=4, group_size=16))
+        gptq_quantize_weight(W, accumulate_hessian(X, None, 0)[0], QuantArgs(num_bits=4, group_size=16))
 
 
 def test_accumulate_hessian_is_running_mean():
@@ -326,7 +326,7 @@ def test_stacked_solve_equals_separate_solves():
     for x in inputs:
         h = x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
         H, n = accumulate_hessian(h, H, n)
-    separate = {name: quantize_weight(getattr(layer, name).weight.data, H, scheme.weights)
+    separate = {name: gptq_quantize_weight(getattr(layer, name).weight.data, H, scheme.weights)
                 for name in ("q_proj", "k_proj", "v_proj")}
     results = GPTQ(true_sequential=True).quantize_layer(ctx)
     for name, res in separate.items():
@@ -456,7 +456,7 @@ def test_single_pass_solves_a_linear_again_when_its_input_differs():
     x = torch.cat(inputs)
     h = x / x.pow(2).mean(-1, keepdim=True).add(1e-6).sqrt()
     H, _ = accumulate_hessian(h * 1.5 + 0.1, None, 0)
-    alone = quantize_weight(w_k, H, scheme.weights)
+    alone = gptq_quantize_weight(w_k, H, scheme.weights)
     assert torch.equal(results["k_proj"].q, alone.q)
     assert torch.equal(layer.k_proj.weight.data, results["k_proj"].dequantized(scheme.weights, torch.float32))
 

@@ -3,7 +3,7 @@ import json
 
 from typer.testing import CliRunner
 
-from quantkit.evaluation.plan import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes
+from quantkit.evaluation.plan import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes_at_bits
 
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                  vocab_size=128256, intermediate_size=14336, torch_dtype="bfloat16")
@@ -18,7 +18,7 @@ def test_kv_bytes_hand_calculation():
 
 
 def test_int4_weights_of_a_70b_model():
-    b = weight_bytes(70 * 10**9, 4)
+    b = weight_bytes_at_bits(70 * 10**9, 4)
     assert b == 35 * 10**9                                # 35 GB
     assert round(b / GiB, 1) == 32.6                      # 32.6 GiB, before scales/zero points
 

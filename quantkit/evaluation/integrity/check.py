@@ -34,12 +34,12 @@ import torch
 from torch import nn
 
 from ...errors import QuantkitError
-from ...formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_codes
+from ...formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_module_codes
 from ...primitives import FP8_DTYPE, dequantize
 from ...scheme import QuantScheme
 from ...source import SafetensorsSource
 from .figures import EXCESS_CAP_DB, reconstruction
-from .reference import Reference, read_log, unit_of
+from .reference import Reference, read_quantization_log, unit_of
 
 KV_SCALES = ("k_scale", "v_scale")
 _SAME_MODEL = ("architectures", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
@@ -195,7 +195,7 @@ def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int
                    "extra": sorted(set(tensors) - set(layout))}
     if problems:
         return entry
-    codes, zp = unpack_codes(tensors, scheme)
+    codes, zp = unpack_module_codes(tensors, scheme)
     problems += _value_problems(tensors, scheme, codes, zp, cols)
     if has_bias and ref_bias is not None:
         entry["tensor_rel_error"] = rel_error(tensors["bias"], ref_bias)
@@ -288,7 +288,7 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path, use_record: boo
     except ValueError as e:
         raise QuantkitError(f"{base_dir / 'config.json'}: {str(e).splitlines()[0]}") from None
     base, cand = SafetensorsSource(base_dir), SafetensorsSource(cand_dir)
-    log = read_log(cand_dir)
+    log = read_quantization_log(cand_dir)
     stats = {n: s for n, s in ((log or {}).get("modules") or {}).items() if isinstance(s, dict)}
     quantized = _quantized_modules(config, groups, ignore)
     report = IntegrityReport()

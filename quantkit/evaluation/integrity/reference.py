@@ -126,7 +126,7 @@ class Reference:
             raise QuantkitError(f"{path}: not a valid safetensors file, truncated or corrupt ({e})") from None
 
 
-def read_log(cand_dir: Path) -> dict | None:
+def read_quantization_log(cand_dir: Path) -> dict | None:
     """``quantization_log.json`` of a checkpoint, or None when it has none."""
     path = Path(cand_dir) / "quantization_log.json"
     if not path.exists():
