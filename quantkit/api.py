@@ -31,7 +31,7 @@ from .formats import staging
 from .formats.compressed_tensors import group_for, matches
 from .formats.writer import DiscardWriter, ShardWriter, move_into_place
 from .kv_cache.long_rows import long_rows
-from .outputs import OutputPolicy
+from .outputs import OutputPolicy, existing_path
 from .pipeline import PipelineResult, run_pipeline
 from .pipeline.layout import check_checkpoint
 from .pipeline.resume import RunBook, open_run, run_keys
@@ -195,15 +195,12 @@ def conversion_inputs(model: "str | Path | nn.Module | None", recipe: Recipe,
     The embedded default model's folder is the cache's (``QUANTKIT_CACHE``)."""
     from .models import cache_dir
 
-    def path(x) -> Path | None:
-        return Path(x) if isinstance(x, (str, Path)) and str(x) and Path(x).exists() else None
-
-    folder = cache_dir() if model is None else path(model)
+    folder = cache_dir() if model is None else existing_path(model)
     if isinstance(model, nn.Module):
         folder = _as_dir(getattr(model, "name_or_path", "") or "")
-    return {"model folder": folder, "recipe": path(recipe_arg),
-            "calibration data": path(calibration) or path(recipe.calibration.dataset),
-            "sensitivity file": path(recipe.mixed.sensitivity) if recipe.mixed is not None else None}
+    return {"model folder": folder, "recipe": existing_path(recipe_arg),
+            "calibration data": existing_path(calibration) or existing_path(recipe.calibration.dataset),
+            "sensitivity file": existing_path(recipe.mixed.sensitivity) if recipe.mixed is not None else None}
 
 
 class ConversionInterrupted(KeyboardInterrupt):

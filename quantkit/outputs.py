@@ -145,6 +145,12 @@ class OutputPolicy:
         return out
 
 
+def existing_path(x: object) -> Path | None:
+    """``x`` as a path when it names something on disk; None for anything else (an in-memory
+    model, a preset or recipe name, a missing path): what an input role holds for the policy."""
+    return Path(x) if isinstance(x, (str, Path)) and str(x) and Path(x).exists() else None
+
+
 def marker(command: str) -> dict:
     from . import __version__
 

@@ -24,7 +24,7 @@ from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_
                                         read_output, samples_bytes, sha256, write_output)
 from quantkit.calibration.tokenizer import resolve_tokenizer
 from quantkit.errors import QuantkitError
-from quantkit.outputs import OutputPolicy
+from quantkit.outputs import OutputPolicy, existing_path
 from quantkit.model_folder import read_config_json
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     _check_model_length(cfg, tokenizer)
     policy = None
     if out is not None:   # before any work: an output that may not be written fails first
-        policy = OutputPolicy("calibrate", {"traffic log": path, "tokenizer model": _given_path(tokenizer)})
+        policy = OutputPolicy("calibrate", {"traffic log": path, "tokenizer model": existing_path(tokenizer)})
         policy.check(Path(out), overwrite)
     raw = read_log(path, row_byte_limit(cfg.max_len))
     rows_read = len(raw.records) + raw.malformed.total  # lines that were not even records count too
@@ -120,17 +120,13 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
 def _check_model_length(cfg: SamplerConfig, tokenizer: Any) -> None:
     """``max_len`` within the model's ``max_position_embeddings``, when ``tokenizer`` is a model
     folder whose config.json says it: samples longer than the model reads calibrate nothing."""
-    folder = _given_path(tokenizer)
+    folder = existing_path(tokenizer)
     if folder is None or not (folder / "config.json").is_file():
         return
     limit = read_config_json(folder).get("max_position_embeddings")
     if isinstance(limit, int) and cfg.max_len > limit:
         raise QuantkitError(f"--max-len: {cfg.max_len} tokens is above the model's max_position_embeddings "
                             f"{limit} ({folder / 'config.json'})")
-
-
-def _given_path(x: Any) -> Path | None:
-    return Path(x) if isinstance(x, (str, Path)) and str(x) and Path(x).exists() else None
 
 
 def _render(raw: RawLog, tokenizer: Any, cfg: SamplerConfig) -> list[Row]:

@@ -9,7 +9,7 @@ import typer
 
 from ..device import check_device
 from ..errors import QuantkitError
-from ..outputs import OutputPolicy, written_by
+from ..outputs import OutputPolicy, existing_path, written_by
 from ..jsonio import dumps_strict
 from ..validation import check_flag
 from .verdict import noise_text
@@ -207,7 +207,7 @@ def report_output(out: Path | None, baseline, candidate, **inputs) -> tuple[Path
     given = {"baseline model": baseline if baseline is not None else cache_dir(), "candidate checkpoint": candidate,
              "calibration log": inputs.get("calib"), "calibration sample": inputs.get("calib_sample"),
              "recipe": inputs.get("recipe"), "suite": inputs.get("suite")}
-    given = {k: v for k, v in given.items() if v is not None and Path(str(v)).exists()}
+    given = {k: existing_path(v) for k, v in given.items()}
     return Path(out), OutputPolicy("eval", given, slot=slot if ours else None)
 
 
