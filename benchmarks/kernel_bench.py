@@ -152,11 +152,12 @@ def run_interpret() -> None:
     for m in (1, 16, 40):
         n, k = 96, 256
         x, packed, scale, zp = int4_gemm.make_random(m, n, k, torch.float16, "cpu", 64, symmetric=False)
-        w = int4_gemm.repack(packed, scale, zp, None, (n, k), 4, 64)
+        weight = int4_gemm.PackedWeight(packed, scale, zp, None, (n, k), 4, 64)
+        w = int4_gemm.repack(weight)
         t0 = time.perf_counter()
         out = int4_gemm.w4a16_gemm(x, w)
         dt = time.perf_counter() - t0
-        ref = int4_gemm.w4a16_reference(x, packed, scale, zp, None, (n, k), 4, 64)
+        ref = int4_gemm.w4a16_reference(x, weight)
         err = float((out.float() - ref.float()).norm() / ref.float().norm())
         print(f"W4A16 M={m:3d} {k}x{n}: {dt * 1e3:7.1f} ms, rel. error vs reference {err:.1e}")
         for name, mod, gemm, reference in (("FP8", fp8_gemm, fp8_gemm.fp8_gemm, fp8_gemm.fp8_gemm_reference),

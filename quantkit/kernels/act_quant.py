@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -173,20 +175,35 @@ def check_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     return weight_scale.reshape(-1).float()
 
 
-def activation_codes(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | None, dynamic: bool,
-                     strategy: str = "token"):
-    """Codes and fp32 scales (``[M, 1]`` or ``[1]``) for the 2-D activations of a W8A8 layer.
+@dataclass(frozen=True)
+class InputQuant:
+    """How a W8A8 GEMM quantizes its activations (``None`` in its place: weight-only, no quantization).
 
-    ``dynamic`` with ``strategy="token"`` runs the fused per-token kernel; dynamic per-tensor
-    takes the scale from the whole tensor's absmax; static uses ``input_scale``.
+    ``dynamic=None`` is dynamic exactly when no ``input_scale`` is given. Dynamic activations
+    take their scales per token (``strategy="token"``, the fused kernel) or from the whole
+    tensor's absmax (``"tensor"``); static ones use the stored ``input_scale``.
     """
-    if dynamic and strategy == "tensor":
-        input_scale = torch.clamp(x2.abs().amax().float() / LIMIT[kind], min=MIN_SCALE[kind]).reshape(1)
-    elif dynamic and strategy != "token":
-        raise ValueError(f"input_strategy: dynamic activations support 'token' or 'tensor', got {strategy!r}")
-    elif not dynamic and input_scale is None:
+
+    dynamic: bool | None = None
+    strategy: str = "token"
+
+
+def activation_scale(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | None,
+                     quant: InputQuant) -> torch.Tensor | None:
+    """The one scale ``[1]`` the activations ``x2`` share under ``quant``, or None for per-token scales."""
+    dynamic = input_scale is None if quant.dynamic is None else quant.dynamic
+    if dynamic and quant.strategy == "tensor":
+        return torch.clamp(x2.abs().amax().float() / LIMIT[kind], min=MIN_SCALE[kind]).reshape(1)
+    if dynamic and quant.strategy != "token":
+        raise ValueError(f"input_strategy: dynamic activations support 'token' or 'tensor', got {quant.strategy!r}")
+    if not dynamic and input_scale is None:
         raise ValueError("input_scale: static activation quantization needs a stored input_scale")
-    return quantize_activations(x2, kind, input_scale)
+    return input_scale
+
+
+def activation_codes(x2: torch.Tensor, kind: str, input_scale: torch.Tensor | None, quant: InputQuant):
+    """Codes and fp32 scales (``[M, 1]`` or ``[1]``) for the 2-D activations of a W8A8 layer."""
+    return quantize_activations(x2, kind, activation_scale(x2, kind, input_scale, quant))
 
 
 def w8a8_linear(gemm, x: torch.Tensor, layer) -> torch.Tensor:
@@ -196,8 +213,6 @@ def w8a8_linear(gemm, x: torch.Tensor, layer) -> torch.Tensor:
         raise ValueError("weight_zero_point: the Triton W8A8 kernels take symmetric weights only (use backend='torch')")
     dynamic = bool(getattr(layer, "input_dynamic", False))
     input_scale = getattr(layer, "input_scale", None)
+    quant = InputQuant(dynamic, getattr(layer, "input_strategy", None) or "token")
     return gemm(x, layer.weight, layer.weight_scale, None if dynamic else input_scale,
-                getattr(layer, "bias", None), dynamic=dynamic,
-                strategy=getattr(layer, "input_strategy", None) or "token",
-                quantize_input=dynamic or input_scale is not None)
-
+                getattr(layer, "bias", None), input_quant=quant if dynamic or input_scale is not None else None)

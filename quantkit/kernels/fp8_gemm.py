@@ -10,15 +10,19 @@ quantized by the fused kernel of ``act_quant`` (per token, dynamic; or per tenso
 Example:
     >>> y = fp8_gemm(x, weight, weight_scale)                  # dynamic per token  # doctest: +SKIP
     >>> y = fp8_gemm(x, weight, weight_scale, input_scale)     # static per tensor  # doctest: +SKIP
+    >>> y = fp8_gemm(x, weight, weight_scale, input_quant=InputQuant(strategy="tensor"))  # doctest: +SKIP
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from .act_quant import FP8_MAX, activation_codes, check_runnable, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
+from .act_quant import (FP8_MAX, InputQuant, activation_codes, activation_scale, check_runnable, check_w8a8, grouped_tile,
+                        quantize_activations_reference, w8a8_linear)
 
 # -- configs ------------------------------------------------------------------------------
 _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)
@@ -89,11 +93,43 @@ _tuned = triton.autotune(configs=CONFIGS, key=_AUTOTUNE_KEY)(_fp8_gemm_kernel)
 
 
 # -- wrapper ------------------------------------------------------------------------------
-def scaled_gemm(kernel, tuned, interpret_config, a: torch.Tensor, weight: torch.Tensor, sa: torch.Tensor | None,
-                sw: torch.Tensor, bias: torch.Tensor | None, out_dtype: torch.dtype, compute_f32: bool,
-                config: dict | None) -> torch.Tensor:
-    """Launch a W8A8 kernel on 2-D ``a`` (codes, or floats for weight-only) -> ``[M, N]``."""
-    check_runnable(a, kernel)
+@dataclass(frozen=True)
+class W8A8Kernel:
+    """A W8A8 kernel as launched: the plain ``@triton.jit`` function, its autotuned wrapper, and
+    the fixed config the interpreter (and fp32 activations) use instead of autotuning."""
+
+    jit: object
+    tuned: object
+    interpret_config: dict
+
+
+@dataclass(frozen=True)
+class ScaledProblem:
+    """``y = (a @ weight.T) * sa[m] * sw[n] (+ bias)`` on 2-D ``a`` ``[M, K]`` and ``weight`` ``[N, K]``.
+
+    ``a`` holds activation codes with their fp32 scales ``sa`` (``[M]`` or ``[1]``), or floats
+    with ``sa=None`` (weight-only); ``sw`` is the weight's fp32 scale, ``[N]`` or ``[1]``.
+    """
+
+    a: torch.Tensor
+    weight: torch.Tensor
+    sa: torch.Tensor | None
+    sw: torch.Tensor
+    bias: torch.Tensor | None = None
+
+
+KERNEL = W8A8Kernel(_fp8_gemm_kernel, _tuned, INTERPRET_CONFIG)
+
+
+def scaled_gemm(kernel: W8A8Kernel, p: ScaledProblem, out_dtype: torch.dtype, compute_f32: bool,
+                config: dict | None = None) -> torch.Tensor:
+    """Launch a W8A8 kernel on the problem ``p`` -> ``[M, N]`` in ``out_dtype``.
+
+    ``config`` pins the launch (tile sizes, ``num_warps``, ``num_stages``); otherwise the
+    autotuned kernel runs on a GPU, ``kernel.interpret_config`` in the interpreter.
+    """
+    a, weight, sa, sw, bias = p.a, p.weight, p.sa, p.sw, p.bias
+    check_runnable(a, kernel.jit)
     m, k = a.shape
     n = weight.shape[0]
     interpreted = not a.is_cuda
@@ -117,24 +153,23 @@ def scaled_gemm(kernel, tuned, interpret_config, a: torch.Tensor, weight: torch.
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
     if config is None and (interpreted or compute_f32):
-        config = interpret_config
+        config = kernel.interpret_config
     if config is not None:
         cfg = dict(config)
         warps, stages = cfg.pop("num_warps", 4), cfg.pop("num_stages", 3)
-        kernel[grid](*args, **flags, **cfg, num_warps=warps, num_stages=stages)
+        kernel.jit[grid](*args, **flags, **cfg, num_warps=warps, num_stages=stages)
     else:
-        tuned[grid](*args, **flags)
+        kernel.tuned[grid](*args, **flags)
     return out if out.dtype == out_dtype else out.to(out_dtype)
 
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
              input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-             dynamic: bool | None = None, strategy: str = "token", quantize_input: bool = True,
-             config: dict | None = None) -> torch.Tensor:
+             input_quant: InputQuant | None = InputQuant(), config: dict | None = None) -> torch.Tensor:
     """``y = fp8(x) @ W.T * scales (+ bias)`` for ``x`` ``[..., K]``; returns x's dtype.
 
-    Activations: static with ``input_scale``, else dynamic (``strategy`` "token" or "tensor").
-    ``quantize_input=False`` is the weight-only path.
+    Activations: static with ``input_scale``, else dynamic (``InputQuant``'s strategy, per token
+    by default). ``input_quant=None`` is the weight-only path.
     """
     sw = check_w8a8(x, weight, weight_scale, torch.float8_e4m3fn, bias)
     n, k = weight.shape
@@ -143,22 +178,20 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     interpreted = not x.is_cuda
-    if quantize_input:
-        dynamic = input_scale is None if dynamic is None else dynamic
-        a, sa = activation_codes(x2, "fp8", input_scale, dynamic, strategy)
+    if input_quant is not None:
+        a, sa = activation_codes(x2, "fp8", input_scale, input_quant)
         compute_f32 = interpreted
     else:
         a, sa = x2, None
         compute_f32 = interpreted or x.dtype == torch.float32
-    out = scaled_gemm(_fp8_gemm_kernel, _tuned, INTERPRET_CONFIG, a, weight, sa.reshape(-1) if sa is not None
-                      else None, sw, bias, x.dtype, compute_f32, config)
-    return out.reshape(*lead, n)
+    problem = ScaledProblem(a, weight, sa.reshape(-1) if sa is not None else None, sw, bias)
+    return scaled_gemm(KERNEL, problem, x.dtype, compute_f32, config).reshape(*lead, n)
 
 
 # -- torch reference ----------------------------------------------------------------------
 def fp8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                        input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-                       quantize_input: bool = True, codes: torch.Tensor | None = None,
+                       input_quant: InputQuant | None = InputQuant(), codes: torch.Tensor | None = None,
                        scales: torch.Tensor | None = None) -> torch.Tensor:
     """The same in torch: quantize activations like ``act_quant``, fp32 matmul of the codes.
 
@@ -166,12 +199,12 @@ def fp8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torc
     """
     k = weight.shape[1]
     x2 = x.reshape(-1, k)
-    if not quantize_input:
+    if input_quant is None:
         a, sa = x2.float(), torch.ones(1)
     elif codes is not None:
         a, sa = codes.float(), scales.float()
     else:
-        q, sa = quantize_activations_reference(x2, "fp8", input_scale)
+        q, sa = quantize_activations_reference(x2, "fp8", activation_scale(x2, "fp8", input_scale, input_quant))
         a = q.float()
     y = (a @ weight.float().t()) * sa.reshape(-1, 1) * weight_scale.float().reshape(1, -1)
     if bias is not None:

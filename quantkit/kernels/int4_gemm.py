@@ -18,8 +18,9 @@ atomically added into an fp32 buffer) so that a GEMV still fills the GPU; above 
 tiles without split-K.
 
 Example:
-    >>> w = repack(weight_packed, scale, zero_point, g_idx, (N, K), num_bits=4, group_size=128)  # doctest: +SKIP
-    >>> y = w4a16_gemm(x, w)                     # x: [M, K] fp16 on CUDA  # doctest: +SKIP
+    >>> packed = PackedWeight(weight_packed, scale, zero_point, g_idx, (N, K), num_bits=4, group_size=128)  # doctest: +SKIP
+    >>> y = w4a16_gemm(x, repack(packed))        # x: [M, K] fp16 on CUDA  # doctest: +SKIP
+    >>> y_ref = w4a16_reference(x, packed)       # the same product in torch  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -185,9 +186,20 @@ class W4Weights:
     perm: torch.Tensor | None = None  # int64 [K]: x's columns in the weight's (group-sorted) order
 
 
-def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
-           weight_g_idx: torch.Tensor | None, weight_shape, num_bits: int = 4, group_size: int | None = None,
-           contiguous: bool = True, sort_groups: bool = True) -> W4Weights:
+@dataclass(frozen=True)
+class PackedWeight:
+    """A pack-quantized weight as the checkpoint stores it; what ``repack`` and ``w4a16_reference`` read."""
+
+    packed: torch.Tensor                # weight_packed: int32 [N, ceil(K / PACK)]
+    scale: torch.Tensor                 # weight_scale: [N, G], [N, 1] or [1]
+    zero_point: torch.Tensor | None     # weight_zero_point: int32 [ceil(N / PACK), G], packed along dim 0
+    g_idx: torch.Tensor | None          # weight_g_idx: [K]
+    shape: tuple[int, int]              # weight_shape: (N, K)
+    num_bits: int = 4
+    group_size: int | None = None       # None: one scale per row
+
+
+def repack(weight: PackedWeight, contiguous: bool = True, sort_groups: bool = True) -> W4Weights:
     """Check the on-disk tensors and return the kernel's view of them.
 
     ``contiguous=True`` copies the words to ``[K / PACK, N]`` with N contiguous and scales to
@@ -199,7 +211,10 @@ def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_
     contiguous, and the kernel gathers ``x``'s columns in that order instead: the fast
     one-group-per-tile path then serves act-order checkpoints too.
     """
-    n, k = (int(v) for v in weight_shape)
+    weight_packed, weight_scale, weight_zero_point, weight_g_idx = (
+        weight.packed, weight.scale, weight.zero_point, weight.g_idx)
+    num_bits, group_size = weight.num_bits, weight.group_size
+    n, k = (int(v) for v in weight.shape)
     if num_bits not in (2, 4, 8):
         raise ValueError(f"num_bits: the Triton pack-quantized kernel supports 2, 4 or 8 bits, got {num_bits}")
     pack = 32 // num_bits
@@ -333,24 +348,21 @@ def unpack_codes(words: torch.Tensor, num_bits: int, length: int, dim: int = 1) 
     return codes.t() if dim == 0 else codes
 
 
-def w4a16_reference(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor,
-                    weight_zero_point: torch.Tensor | None, weight_g_idx: torch.Tensor | None, weight_shape,
-                    num_bits: int = 4, group_size: int | None = None,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
+def w4a16_reference(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same product in torch from the on-disk tensors: DESIGN.md's dequant, fp32 matmul."""
-    n, k = (int(v) for v in weight_shape)
-    q = unpack_codes(weight_packed, num_bits, k)
-    scale = weight_scale.reshape(1, 1).expand(n, 1) if weight_scale.numel() == 1 else weight_scale
-    if weight_g_idx is not None:
-        cols = weight_g_idx.long()
+    n, k = (int(v) for v in weight.shape)
+    q = unpack_codes(weight.packed, weight.num_bits, k)
+    scale = weight.scale.reshape(1, 1).expand(n, 1) if weight.scale.numel() == 1 else weight.scale
+    if weight.g_idx is not None:
+        cols = weight.g_idx.long()
     elif scale.shape[1] == 1:
         cols = torch.zeros(k, dtype=torch.long, device=q.device)
     else:
-        cols = torch.arange(k, device=q.device) // group_size
+        cols = torch.arange(k, device=q.device) // weight.group_size
     s = scale[:, cols]
     v = q.to(s.dtype)
-    if weight_zero_point is not None:
-        zp = unpack_codes(weight_zero_point, num_bits, n, dim=0)
+    if weight.zero_point is not None:
+        zp = unpack_codes(weight.zero_point, weight.num_bits, n, dim=0)
         v = v - zp[:, cols].to(s.dtype)
     w = (v * s).float()
     y = x.float() @ w.t()
@@ -369,8 +381,8 @@ def _layer_weights(layer) -> W4Weights:
     if cached is not None and cached[0] == key:
         return cached[1]
     shape = layer.weight_shape.tolist() if torch.is_tensor(layer.weight_shape) else layer.weight_shape
-    w = repack(layer.weight_packed, layer.weight_scale, getattr(layer, "weight_zero_point", None),
-               getattr(layer, "weight_g_idx", None), shape, num_bits=layer.num_bits, group_size=layer.group_size)
+    w = repack(PackedWeight(layer.weight_packed, layer.weight_scale, getattr(layer, "weight_zero_point", None),
+                            getattr(layer, "weight_g_idx", None), shape, layer.num_bits, layer.group_size))
     cache["triton_w4"] = (key, w)
     return w
 
@@ -400,7 +412,7 @@ def bench(m: int, n: int, k: int, dtype=torch.float16, group_size: int = 128, ti
     ``timer(fn) -> ms`` defaults to ``triton.testing.do_bench``; ``benchmarks/kernel_bench.py`` runs it
     (``device="cpu"`` with a wall-clock timer under the interpreter for its dry run)."""
     x, packed, scale, _ = make_random(m, n, k, dtype, device, group_size)
-    w = repack(packed, scale, None, None, (n, k), 4, group_size)
+    w = repack(PackedWeight(packed, scale, None, None, (n, k), 4, group_size))
     ms = (timer or triton.testing.do_bench)(lambda: w4a16_gemm(x, w))
     nbytes = packed.numel() * 4 + scale.numel() * scale.element_size() + (m * k + m * n) * x.element_size()
     return {"ms": ms, "flops": 2 * m * n * k, "bytes": nbytes}

@@ -18,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import activation_codes, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
-from .fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, scaled_gemm
+from .act_quant import (InputQuant, activation_codes, activation_scale, check_w8a8, grouped_tile,
+                        quantize_activations_reference, w8a8_linear)
+from .fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, ScaledProblem, W8A8Kernel, scaled_gemm
 
 # -- configs: the W8A8 tile shapes are fp8_gemm's (same operand widths, same tensor-core tiles)
 
@@ -79,14 +80,16 @@ _tuned = triton.autotune(configs=CONFIGS, key=_AUTOTUNE_KEY)(_int8_gemm_kernel)
 
 
 # -- wrapper ------------------------------------------------------------------------------
+KERNEL = W8A8Kernel(_int8_gemm_kernel, _tuned, INTERPRET_CONFIG)
+
+
 def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-              dynamic: bool | None = None, strategy: str = "token", quantize_input: bool = True,
-              config: dict | None = None) -> torch.Tensor:
+              input_quant: InputQuant | None = InputQuant(), config: dict | None = None) -> torch.Tensor:
     """``y = int8(x) @ W.T * scales (+ bias)`` for ``x`` ``[..., K]``; returns x's dtype.
 
-    Activations: static with ``input_scale``, else dynamic (``strategy`` "token" or "tensor").
-    ``quantize_input=False`` is the weight-only path.
+    Activations: static with ``input_scale``, else dynamic (``InputQuant``'s strategy, per token
+    by default). ``input_quant=None`` is the weight-only path.
     """
     sw = check_w8a8(x, weight, weight_scale, torch.int8, bias)
     n, k = weight.shape
@@ -94,27 +97,25 @@ def int8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if quantize_input:
-        dynamic = input_scale is None if dynamic is None else dynamic
-        a, sa = activation_codes(x2, "int8", input_scale, dynamic, strategy)
+    if input_quant is not None:
+        a, sa = activation_codes(x2, "int8", input_scale, input_quant)
         compute_f32 = False
     else:
         a, sa = x2, None
         compute_f32 = not x.is_cuda or x.dtype == torch.float32
-    out = scaled_gemm(_int8_gemm_kernel, _tuned, INTERPRET_CONFIG, a, weight, sa.reshape(-1) if sa is not None
-                      else None, sw, bias, x.dtype, compute_f32, config)
-    return out.reshape(*lead, n)
+    problem = ScaledProblem(a, weight, sa.reshape(-1) if sa is not None else None, sw, bias)
+    return scaled_gemm(KERNEL, problem, x.dtype, compute_f32, config).reshape(*lead, n)
 
 
 # -- torch reference ----------------------------------------------------------------------
 def int8_gemm_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-                        quantize_input: bool = True) -> torch.Tensor:
+                        input_quant: InputQuant | None = InputQuant()) -> torch.Tensor:
     """The same in torch: symmetric int8 activations, exact integer matmul (in fp64), fp32 scaling."""
     k = weight.shape[1]
     x2 = x.reshape(-1, k)
-    if quantize_input:
-        q, sa = quantize_activations_reference(x2, "int8", input_scale)
+    if input_quant is not None:
+        q, sa = quantize_activations_reference(x2, "int8", activation_scale(x2, "int8", input_scale, input_quant))
         y = (q.double() @ weight.double().t()).float() * sa.reshape(-1, 1)
     else:
         y = x2.float() @ weight.float().t()

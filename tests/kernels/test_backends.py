@@ -133,7 +133,7 @@ def test_cpu_tensors_without_interpreter_fail_clearly():
 
     code = ("import torch\n"
             "from quantkit.kernels import int4_gemm as k4, int8_gemm as k8\n"
-            "w = k4.repack(torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1), None, None, (8, 32))\n"
+            "w = k4.repack(k4.PackedWeight(torch.zeros(8, 4, dtype=torch.int32), torch.ones(8, 1), None, None, (8, 32)))\n"
             "for call in (lambda: k4.w4a16_gemm(torch.randn(2, 32), w),\n"
             "             lambda: k8.int8_gemm(torch.randn(2, 32), torch.zeros(8, 32, dtype=torch.int8), torch.ones(8, 1))):\n"
             "    try:\n"

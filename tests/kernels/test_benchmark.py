@@ -39,8 +39,9 @@ def test_gpu_autotuned_realistic_shape(m):
 
     n, k = 4096, 4096
     x, packed, scale, zp = int4_gemm.make_random(m, n, k, torch.float16, "cuda", 128, symmetric=False)
-    w = int4_gemm.repack(packed, scale, zp, None, (n, k), 4, 128)
-    ref = int4_gemm.w4a16_reference(x, packed, scale, zp, None, (n, k), 4, 128)
+    weight = int4_gemm.PackedWeight(packed, scale, zp, None, (n, k), 4, 128)
+    w = int4_gemm.repack(weight)
+    ref = int4_gemm.w4a16_reference(x, weight)
     assert rel_err(int4_gemm.w4a16_gemm(x, w), ref) < REL_TOL[torch.float16]
     for mod, gemm, reference in ((fp8_gemm, fp8_gemm.fp8_gemm, fp8_gemm.fp8_gemm_reference),
                                  (int8_gemm, int8_gemm.int8_gemm, int8_gemm.int8_gemm_reference)):

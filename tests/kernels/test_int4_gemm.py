@@ -54,16 +54,16 @@ def test_matches_reference(m, n, k, bits, group, sym, act_order, dtype, bias):
     t, (q, scale, zp, args) = make_weight(n, k, bits, group, sym, act_order, dtype, seed=m + n)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
     b = torch.randn(n).to(dtype) if bias else None
-    ref = k4.w4a16_reference(x, t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k),
-                             bits, group, bias=b)
+    ref = k4.w4a16_reference(x, k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"],
+                                                (n, k), bits, group), bias=b)
     # the reference itself decodes what the spine encoded
     w_spine = dequantize(q, scale, zp, args, t["weight_g_idx"]).float()
     truth = x.float() @ w_spine.t() + (b.float() if bias else 0)
     assert rel_err(ref, truth) < REL_TOL[dtype]
 
     for sort_groups in (True, False) if act_order else (True,):  # act-order: sorted groups, and g_idx
-        w = k4.repack(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
-            t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), bits, group,
+        w = k4.repack(k4.PackedWeight(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
+            t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), bits, group),
             sort_groups=sort_groups)
         out = k4.w4a16_gemm(x.to(DEVICE), w, None if b is None else b.to(DEVICE))
         assert out.dtype == dtype and out.shape == (m, n)
@@ -79,9 +79,9 @@ def test_on_disk_layout_and_repack_agree():
     # the spine's packing is the compressed-tensors layout
     assert torch.equal(t["weight_packed"], pack_to_int32(q, 4))
     assert torch.equal(t["weight_zero_point"], pack_to_int32(zp, 4, packed_dim=0))
-    args = (t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, 40)
-    views = k4.repack(*args, contiguous=False)
-    packed = k4.repack(*args, sort_groups=False)
+    weight = k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, 40)
+    views = k4.repack(weight, contiguous=False)
+    packed = k4.repack(weight, sort_groups=False)
     assert views.qweight.data_ptr() == t["weight_packed"].data_ptr()  # no copy
     assert packed.qweight.is_contiguous() and packed.qweight.shape == (math.ceil(k / 8), n)
     # the repacked words hold the same codes, now packed along K in columns
@@ -90,24 +90,24 @@ def test_on_disk_layout_and_repack_agree():
     x = torch.randn(9, k).half()
     assert torch.equal(k4.w4a16_gemm(x, views), k4.w4a16_gemm(x, packed))
     # act-order sorted into contiguous groups: column j of the sorted weight is column perm[j]
-    sorted_ = k4.repack(*args)
+    sorted_ = k4.repack(weight)
     assert sorted_.g_idx is None and torch.equal(t["weight_g_idx"][sorted_.perm], torch.arange(k) // 40)
     assert torch.equal(unpack_int32(sorted_.qweight.t().contiguous(), 4, (n, k), dim=1), q[:, sorted_.perm])
-    ref = k4.w4a16_reference(x, *args)
+    ref = k4.w4a16_reference(x, weight)
     assert rel_err(k4.w4a16_gemm(x, sorted_), ref) < REL_TOL[torch.float16]
     # unequal groups keep the g_idx path
     uneven = t["weight_g_idx"].clone()
     uneven[uneven == 0] = 1
-    assert k4.repack(t["weight_packed"], scale, t["weight_zero_point"], uneven, (n, k), 4, 40).perm is None
+    assert k4.repack(k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], uneven, (n, k), 4, 40)).perm is None
 
 
 def test_batched_input_and_empty():
     n, k = 64, 128
     t, (q, scale, zp, _) = make_weight(n, k, 4, 64)
-    w = k4.repack(t["weight_packed"], scale, None, None, (n, k), 4, 64)
+    w = k4.repack(k4.PackedWeight(t["weight_packed"], scale, None, None, (n, k), 4, 64))
     x = torch.randn(2, 3, k).half()
     out = k4.w4a16_gemm(x, w)
-    ref = k4.w4a16_reference(x.reshape(6, k), t["weight_packed"], scale, None, None, (n, k), 4, 64)
+    ref = k4.w4a16_reference(x.reshape(6, k), k4.PackedWeight(t["weight_packed"], scale, None, None, (n, k), 4, 64))
     assert out.shape == (2, 3, n) and rel_err(out.reshape(6, n), ref) < REL_TOL[torch.float16]
     assert k4.w4a16_gemm(torch.empty(0, k).half(), w).shape == (0, n)
 
@@ -130,10 +130,11 @@ def test_every_autotune_config(path, cfg):
     t, (q, scale, zp, _) = make_weight(n, k, 4, 64, symmetric=False, seed=3)
     m = 3 if path == "decode" else 37
     x = torch.randn(m, k).half()
-    w = k4.repack(t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 64)
+    weight = k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 64)
+    w = k4.repack(weight)
     config = dict(cfg.kwargs, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     out = k4.w4a16_gemm(x, w, config=config)
-    ref = k4.w4a16_reference(x, t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 64)
+    ref = k4.w4a16_reference(x, weight)
     assert rel_err(out, ref) < REL_TOL[torch.float16]
 
 
@@ -151,9 +152,10 @@ def test_autotuned_launch(monkeypatch, m):
     monkeypatch.setattr(k4, "_prefill_tuned", k4._autotuned(k4.PREFILL_CONFIGS[:2], do_bench=one_run))
     n, k = 64, 256
     t, (q, scale, zp, _) = make_weight(n, k, 4, 128, symmetric=False, seed=5)
-    w = k4.repack(t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 128)
+    weight = k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 128)
+    w = k4.repack(weight)
     x = torch.randn(m, k).half()
-    ref = k4.w4a16_reference(x, t["weight_packed"], scale, t["weight_zero_point"], None, (n, k), 4, 128)
+    ref = k4.w4a16_reference(x, weight)
     for _ in range(2):  # the second call reuses the cached choice
         out = k4.w4a16_gemm(x, w, autotune=True)
         assert rel_err(out, ref) < REL_TOL[torch.float16]
@@ -165,16 +167,16 @@ def test_errors_name_the_tensor():
     t, (q, scale, zp, _) = make_weight(n, k, 4, 32, symmetric=False)
     wp, zpp = t["weight_packed"], t["weight_zero_point"]
     with pytest.raises(ValueError, match="weight_packed"):
-        k4.repack(wp[:, :4], scale, zpp, None, (n, k))
+        k4.repack(k4.PackedWeight(wp[:, :4], scale, zpp, None, (n, k)))
     with pytest.raises(ValueError, match="weight_scale"):
-        k4.repack(wp, scale[:, :1].repeat(1, 3), zpp, None, (n, k), 4, 32)
+        k4.repack(k4.PackedWeight(wp, scale[:, :1].repeat(1, 3), zpp, None, (n, k), 4, 32))
     with pytest.raises(ValueError, match="weight_zero_point"):
-        k4.repack(wp, scale, zpp[:, :1], None, (n, k), 4, 32)
+        k4.repack(k4.PackedWeight(wp, scale, zpp[:, :1], None, (n, k), 4, 32))
     with pytest.raises(ValueError, match="weight_g_idx"):
-        k4.repack(wp, scale, zpp, torch.full((k,), 2, dtype=torch.int32), (n, k), 4, 32)
+        k4.repack(k4.PackedWeight(wp, scale, zpp, torch.full((k,), 2, dtype=torch.int32), (n, k), 4, 32))
     with pytest.raises(ValueError, match="num_bits"):
-        k4.repack(wp, scale, zpp, None, (n, k), 3, 32)
-    w = k4.repack(wp, scale, zpp, None, (n, k), 4, 32)
+        k4.repack(k4.PackedWeight(wp, scale, zpp, None, (n, k), 3, 32))
+    w = k4.repack(k4.PackedWeight(wp, scale, zpp, None, (n, k), 4, 32))
     with pytest.raises(ValueError, match="x: last dimension 48"):
         k4.w4a16_gemm(torch.randn(2, 48).half(), w)
     with pytest.raises(ValueError, match="x: expected float16"):
@@ -192,8 +194,9 @@ def test_random_shapes(m, n, groups, group, sym, act_order, dtype):
     k = groups * group
     t, (q, scale, zp, args) = make_weight(n, k, 4, group, sym, act_order, dtype, seed=m * n + k)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
-    ref = k4.w4a16_reference(x, t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"], (n, k), 4, group)
-    w = k4.repack(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
-        t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), 4, group)
+    ref = k4.w4a16_reference(x, k4.PackedWeight(t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"],
+                                                (n, k), 4, group))
+    w = k4.repack(k4.PackedWeight(*(v.to(DEVICE) if torch.is_tensor(v) else v for v in (
+        t["weight_packed"], scale, t["weight_zero_point"], t["weight_g_idx"])), (n, k), 4, group))
     out = k4.w4a16_gemm(x.to(DEVICE), w)
     assert rel_err(out, ref) < REL_TOL[dtype]

@@ -97,10 +97,10 @@ def test_gemm_alone_on_torch_codes(kind):
     wq, ws = make_weight(kind, n, k)
     x = activations(21, k, torch.float32)
     codes, scales = act_quant.quantize_activations_reference(x, kind)
-    kernel = fp8_gemm._fp8_gemm_kernel if kind == "fp8" else int8_gemm._int8_gemm_kernel
-    cfg = (fp8_gemm if kind == "fp8" else int8_gemm).INTERPRET_CONFIG
-    out = fp8_gemm.scaled_gemm(kernel, None, cfg, codes.to(DEVICE), wq.to(DEVICE), scales.reshape(-1).to(DEVICE),
-                               ws.reshape(-1).float().to(DEVICE), None, torch.float32, DEVICE == "cpu", cfg)
+    mod = fp8_gemm if kind == "fp8" else int8_gemm
+    problem = fp8_gemm.ScaledProblem(codes.to(DEVICE), wq.to(DEVICE), scales.reshape(-1).to(DEVICE),
+                                     ws.reshape(-1).float().to(DEVICE))
+    out = fp8_gemm.scaled_gemm(mod.KERNEL, problem, torch.float32, DEVICE == "cpu", mod.INTERPRET_CONFIG)
     ref = (codes.double() @ wq.double().t()) * scales.double() * ws.double().reshape(1, -1)
     assert rel_err(out, ref) < 1e-6
 
@@ -111,19 +111,21 @@ def test_weight_only_and_dynamic_tensor(kind):
     n, k = 48, 160
     wq, ws = make_weight(kind, n, k, dtype=torch.float16)
     x = activations(5, k, torch.float16)
-    out = gemm(x, wq, ws, quantize_input=False)
-    ref = reference(x, wq, ws, quantize_input=False)
+    out = gemm(x, wq, ws, input_quant=None)
+    ref = reference(x, wq, ws, input_quant=None)
     assert rel_err(out, ref) < REL_TOL[torch.float16]
     # dynamic per-tensor: one scale from the whole batch, same as a static scale of that value
     scale = (x.float().abs().amax() / act_quant.LIMIT[kind]).reshape(1)
-    out = gemm(x, wq, ws, dynamic=True, strategy="tensor")
+    tensor = act_quant.InputQuant(dynamic=True, strategy="tensor")
+    out = gemm(x, wq, ws, input_quant=tensor)
     assert rel_err(out, reference(x, wq, ws, scale)) < REL_TOL[torch.float16]
+    # the reference given the same options agrees with itself given that scale
+    assert torch.equal(reference(x, wq, ws, input_quant=tensor), reference(x, wq, ws, scale))
 
 
 @pytest.mark.parametrize("kind", ["int8", "fp8"])
 def test_every_autotune_config(kind):
     mod = fp8_gemm if kind == "fp8" else int8_gemm
-    kernel = mod._fp8_gemm_kernel if kind == "fp8" else mod._int8_gemm_kernel
     n, k = 72, 256
     wq, ws = make_weight(kind, n, k)
     x = activations(20, k, torch.float32)
@@ -131,8 +133,8 @@ def test_every_autotune_config(kind):
     ref = (codes.double() @ wq.double().t()) * scales.double() * ws.double().reshape(1, -1)
     for c in mod.CONFIGS:
         cfg = dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages)
-        out = fp8_gemm.scaled_gemm(kernel, None, cfg, codes, wq, scales.reshape(-1), ws.reshape(-1).float(),
-                                   None, torch.float32, True, cfg)
+        problem = fp8_gemm.ScaledProblem(codes, wq, scales.reshape(-1), ws.reshape(-1).float())
+        out = fp8_gemm.scaled_gemm(mod.KERNEL, problem, torch.float32, True, cfg)
         assert rel_err(out, ref) < 1e-6, c
 
 
@@ -150,7 +152,9 @@ def test_errors_name_the_tensor():
     with pytest.raises(ValueError, match="input_scale"):
         int8_gemm.int8_gemm(x, wq, ws, torch.ones(2))
     with pytest.raises(ValueError, match="input_scale: static"):
-        int8_gemm.int8_gemm(x, wq, ws, dynamic=False)
+        int8_gemm.int8_gemm(x, wq, ws, input_quant=act_quant.InputQuant(dynamic=False))
+    with pytest.raises(ValueError, match="input_strategy"):
+        int8_gemm.int8_gemm(x, wq, ws, input_quant=act_quant.InputQuant(strategy="channel"))
     with pytest.raises(ValueError, match="bias"):
         int8_gemm.int8_gemm(x, wq, ws, bias=torch.zeros(3))
     with pytest.raises(ValueError, match="x: expected float16"):
