@@ -24,7 +24,7 @@ from .models import pad_id
 from .pair import both
 from .sandbox import Runner, SandboxUnavailable, code_runner
 from .slices import Slice, SuiteOptions, load_suite
-from .tasks import code_pass, extraction, mc_summary, multiple_choice
+from .tasks import CodeExecution, code_pass, extraction, mc_summary, multiple_choice
 from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
@@ -179,7 +179,7 @@ def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOpt
     code = cap(sl.of_kind("code"), opt.code_items)
     if code and runner is not None:   # without a runner the caller records why they were skipped
         rb, rc = both(lambda m: code_pass(m, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch,
-                                          opt.code_timeout_s, runner), base, cand)
+                                          CodeExecution(runner, opt.code_timeout_s)), base, cand)
         pb, pc = (sum(r["passed"] for r in rs) / len(rs) for rs in (rb, rc))
         values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc,
                        "code_pass_drop": pb - pc})

@@ -267,7 +267,7 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
-    from .plan import BITS, plan
+    from .plan import BITS, WeightFormat, plan
 
     try:
         from .checkpoint import resolve_dir
@@ -276,8 +276,8 @@ def plan_command(
             from ..kv_cache import kv_option
             option, kv = kv_option(kv), "fp16"
         target = model if model and Path(model).is_file() else resolve_dir(model)
-        fp = plan(target, gpu_mem, max_len, weights=weights, kv=kv, group_size=group_size, utilization=utilization,
-                  kv_option=option)
+        fp = plan(target, gpu_mem, max_len, weights=WeightFormat(weights, group_size), kv=kv,
+                  utilization=utilization, kv_option=option)
     except QuantkitError as e:
         _fail(str(e))
     if as_json:

@@ -159,10 +159,21 @@ class Footprint:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class WeightFormat:
+    """The weights after quantization: their type (``BITS``'s names; None keeps the model's) and,
+    below 8 bits, the groups whose scales (and zero points, when asymmetric) add to them."""
+
+    type: str | None = None
+    group_size: int | None = 128
+    symmetric: bool = True
+
+
 def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 8192,
-         weights: str | None = None, kv: str = "fp16", group_size: int | None = 128,
-         symmetric: bool = True, utilization: float = 0.9, kv_option=None) -> Footprint:
-    """Deployment footprint of ``model`` quantized to ``weights`` with a ``kv`` KV cache, or the
+         weights: WeightFormat | str | None = None, kv: str = "fp16", utilization: float = 0.9,
+         kv_option=None) -> Footprint:
+    """Deployment footprint of ``model`` quantized to ``weights`` (a type name such as "int4", in
+    groups of 128 with symmetric scales, or a ``WeightFormat``) with a ``kv`` KV cache, or the
     quantized cache ``kv_option`` (a ``KVOption``; ``kv`` is then the unquantized part's type).
 
     >>> cfg = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
@@ -170,10 +181,14 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     >>> fp = plan(cfg, "80GiB", 8192, weights="int4", kv="fp16")
     >>> fp.kv_bytes_per_token, fp.kv_bytes_per_request == 2**30
     (131072, True)
+    >>> plan(cfg, weights=WeightFormat("int4", group_size=32)).scale_bytes // fp.scale_bytes
+    4
     """
+    fmt = weights if isinstance(weights, WeightFormat) else WeightFormat(weights)
+    group_size, symmetric = fmt.group_size, fmt.symmetric
     shape = shape_of(model)
     before = shape.dtype if shape.dtype in BITS else "bf16"
-    after = weights or before
+    after = fmt.type or before
     b_before, b_after = bits_of(before, "weights"), bits_of(after, "--weights")
     kv_bits = bits_of(kv, "--kv")
     if max_len < 1:

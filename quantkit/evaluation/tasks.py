@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
@@ -104,9 +105,17 @@ def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos
     return out
 
 
+@dataclass(frozen=True)
+class CodeExecution:
+    """Where each completion's program runs (the sandbox, see sandbox.py) and for how long at most."""
+
+    runner: Runner
+    timeout_s: float
+
+
 def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos, batch: int,
-              timeout_s: float, runner: Runner) -> list[dict]:
-    """Greedy completions run against their tests by ``runner`` (the sandbox, see sandbox.py)."""
+              execution: CodeExecution) -> list[dict]:
+    """Greedy completions run against their tests as ``execution`` says."""
     def finished(ids: list[int]) -> bool:   # the body is over: truncate_completion cuts here
         return stops_body(tokenizer.decode(ids, skip_special_tokens=True))
 
@@ -117,7 +126,7 @@ def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos,
                       stop=finished)
         for it, g in zip(chunk, gens):
             completion = tokenizer.decode(g, skip_special_tokens=True)
-            res = run_program(humaneval_program(it, completion), runner, timeout_s=timeout_s)
+            res = run_program(humaneval_program(it, completion), execution.runner, timeout_s=execution.timeout_s)
             out.append({"id": it["id"], "completion": truncate_completion(completion),
                         "passed": res.passed, "status": res.status})
     return out
