@@ -179,11 +179,24 @@ def rel_error(cand: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 22) -> fl
     return 0.0 if num == 0 else (math.sqrt(num / den) if den > 0 else EXCESS_CAP_DB)
 
 
-def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int, cols: int,
-                 ref_weight: torch.Tensor | None, ref_bias: torch.Tensor | None, has_bias: bool,
-                 quantizer: str = "unknown", logged_sqnr_db: float | None = None,
-                 logged_rows: torch.Tensor | None = None) -> dict:
-    """Layout, values and reconstruction of one quantized module (``tensors`` without its prefix)."""
+@dataclass(frozen=True)
+class ConversionRecord:
+    """What the conversion recorded about one module: which quantizer wrote it (``quantizer_of``),
+    the SQNR it logged, and its error per output row (``pipeline/residuals.py``)."""
+
+    quantizer: str = "unknown"
+    sqnr_db: float | None = None
+    rows: torch.Tensor | None = None
+
+
+def check_module(tensors: dict[str, torch.Tensor], ref: dict[str, torch.Tensor] | None, scheme: QuantScheme,
+                 shape: tuple[int, int], has_bias: bool, record: ConversionRecord = ConversionRecord()) -> dict:
+    """Layout, values and reconstruction of one quantized module of ``shape`` (out, in).
+
+    ``tensors`` are the checkpoint's, ``ref`` the reference's ``weight`` and ``bias`` (None: no
+    reference, layout and values only), both without the module's prefix."""
+    out, cols = shape
+    ref = ref or {}
     scale = tensors.get("weight_scale")
     scale_dtype = scale.dtype if scale is not None and scale.dtype.is_floating_point else torch.float32
     layout = expected_layout(scheme, out, cols, has_bias, scale_dtype)
@@ -197,16 +210,18 @@ def check_module(tensors: dict[str, torch.Tensor], scheme: QuantScheme, out: int
         return entry
     codes, zp = unpack_module_codes(tensors, scheme)
     problems += _value_problems(tensors, scheme, codes, zp, cols)
-    if has_bias and ref_bias is not None:
-        entry["tensor_rel_error"] = rel_error(tensors["bias"], ref_bias)
-    if ref_weight is None:
+    if has_bias and ref.get("bias") is not None:
+        entry["tensor_rel_error"] = rel_error(tensors["bias"], ref["bias"])
+    if ref.get("weight") is None:
         return entry
     g_idx = tensors.get("weight_g_idx")
     decoded = dequantize(codes, tensors["weight_scale"], zp, scheme.weights, g_idx, torch.float32)
+    logged_rows = record.rows
     if logged_rows is not None and tuple(logged_rows.shape) != (out,):
         problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))
         logged_rows = None
-    figures = reconstruction(ref_weight, decoded, scheme.weights, quantizer, g_idx, logged_sqnr_db, logged_rows)
+    figures = reconstruction(ref["weight"], decoded, scheme.weights, record.quantizer, g_idx, record.sqnr_db,
+                             logged_rows)
     entry.update(dataclasses.asdict(figures))
     entry["recon_excess_db"] = figures.excess_db
     entry["recon_unit_excess_db"] = figures.unit_excess_db
@@ -306,10 +321,10 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path, use_record: boo
     cand_by_unit: dict[str, list[str]] = {}
     for k in cand.keys():
         cand_by_unit.setdefault(unit_of(k), []).append(k)
-    tied = bool(getattr(config, "tie_word_embeddings", False))
+    run = _Pass(quantized, base, cand, reference, stats, rows, bool(getattr(config, "tie_word_embeddings", False)),
+                report)
     for unit in sorted(units, key=_natural):
-        _check_unit(unit, units[unit], cand_by_unit.get(unit, []), quantized, base, cand, reference, stats,
-                    rows, tied, report)
+        _check_unit(run, unit, units[unit], cand_by_unit.get(unit, []))
         base.release()
         cand.release()
     report.fallback = dict(reference.fallback)
@@ -318,56 +333,86 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path, use_record: boo
     return report
 
 
-def _check_unit(unit: str, base_keys: list[str], cand_keys: list[str], quantized, base, cand,
-                reference: Reference, stats: dict, rows: dict[str, torch.Tensor], tied: bool,
-                report: IntegrityReport) -> None:
-    mods = {n: v for n, v in quantized.items() if unit_of(n + ".") == unit}
-    owned = {f"{n}.{leaf}" for n in mods for leaf in ("weight", "bias")}
-    ref = reference.tensors(unit, base_keys)
-    by_module: dict[str, dict[str, torch.Tensor]] = {n: {} for n in mods}
-    seen = set()
-    for k in cand_keys:
-        owner, _, leaf = k.rpartition(".")
-        if owner in by_module:
-            by_module[owner][leaf] = cand.get(k)
-            seen.add(k)
-    for name, (lin, scheme) in mods.items():
-        entry = check_module(by_module[name], scheme, lin.out_features, lin.in_features,
-                             None if ref is None else ref.get(f"{name}.weight"),
-                             None if ref is None else ref.get(f"{name}.bias"), lin.bias is not None,
-                             quantizer_of(stats.get(name)), (stats.get(name) or {}).get("sqnr_db"), rows.get(name))
-        if ref is not None and f"{name}.weight" not in ref:
-            entry["problems"].append(_problem("the baseline has no weight for this module", layout=True))
-        report.modules[name] = entry
-    cand_set = set(cand_keys)
-    for k in base_keys:
-        if k in owned:
-            continue
-        seen.add(k)
-        if k not in cand_set:
-            if not (tied and k == "lm_head.weight"):
-                report.tensors[k] = {"problems": [_problem("missing from the checkpoint", layout=True)]}
-            continue
-        if ref is None:
-            continue
-        t, r = cand.get(k), ref[k]
-        if tuple(t.shape) != tuple(r.shape):
-            report.tensors[k] = {"problems": [_problem(f"shape {list(t.shape)}, baseline {list(r.shape)}",
-                                                       layout=True)]}
-            continue
-        err = rel_error(t, r)
-        if err > 0:
-            report.tensors[k] = {"problems": [], "tensor_rel_error": err}
+@dataclass(frozen=True)
+class _Pass:
+    """What every unit's check reads, and the report it fills."""
+
+    quantized: dict[str, tuple[nn.Linear, QuantScheme]]
+    base: SafetensorsSource
+    cand: SafetensorsSource
+    reference: Reference
+    stats: dict            # module -> its quantization_log.json entry
+    rows: dict[str, torch.Tensor]   # module -> the conversion's row errors
+    tied: bool             # lm_head shares the embedding (a checkpoint need not store it)
+    report: IntegrityReport
+
+
+def _check_unit(run: _Pass, unit: str, base_keys: list[str], cand_keys: list[str]) -> None:
+    mods = {n: v for n, v in run.quantized.items() if unit_of(n + ".") == unit}
+    ref = run.reference.tensors(unit, base_keys)
+    seen = _check_quantized(run, mods, cand_keys, ref)
+    seen |= _check_baseline_tensors(run, mods, base_keys, cand_keys, ref)
     for k in cand_keys:
         if k in seen:
             continue
         owner, _, leaf = k.rpartition(".")
         if leaf in KV_SCALES:
-            problems = _positive_finite(leaf, cand.get(k))
+            problems = _positive_finite(leaf, run.cand.get(k))
             if problems:
-                report.tensors[k] = {"problems": problems}
+                run.report.tensors[k] = {"problems": problems}
         else:
-            report.notes.append(f"{k}: a tensor the baseline does not have (not checked)")
+            run.report.notes.append(f"{k}: a tensor the baseline does not have (not checked)")
+
+
+def _check_quantized(run: _Pass, mods: dict[str, tuple[nn.Linear, QuantScheme]], cand_keys: list[str],
+                     ref: dict | None) -> set[str]:
+    """Check the unit's quantized modules ``mods``; return the checkpoint's keys they own."""
+    by_module: dict[str, dict[str, torch.Tensor]] = {n: {} for n in mods}
+    seen = set()
+    for k in cand_keys:
+        owner, _, leaf = k.rpartition(".")
+        if owner in by_module:
+            by_module[owner][leaf] = run.cand.get(k)
+            seen.add(k)
+    for name, (lin, scheme) in mods.items():
+        module_ref = None if ref is None else {leaf: ref[f"{name}.{leaf}"] for leaf in ("weight", "bias")
+                                               if f"{name}.{leaf}" in ref}
+        stats = run.stats.get(name)
+        record = ConversionRecord(quantizer_of(stats), (stats or {}).get("sqnr_db"), run.rows.get(name))
+        entry = check_module(by_module[name], module_ref, scheme, (lin.out_features, lin.in_features),
+                             lin.bias is not None, record)
+        if ref is not None and f"{name}.weight" not in ref:
+            entry["problems"].append(_problem("the baseline has no weight for this module", layout=True))
+        run.report.modules[name] = entry
+    return seen
+
+
+def _check_baseline_tensors(run: _Pass, mods: dict, base_keys: list[str], cand_keys: list[str],
+                            ref: dict | None) -> set[str]:
+    """Every baseline tensor the unit's quantized modules ``mods`` do not own must equal its reference;
+    return those keys."""
+    owned = {f"{n}.{leaf}" for n in mods for leaf in ("weight", "bias")}
+    cand_set = set(cand_keys)
+    seen = set()
+    for k in base_keys:
+        if k in owned:
+            continue
+        seen.add(k)
+        if k not in cand_set:
+            if not (run.tied and k == "lm_head.weight"):
+                run.report.tensors[k] = {"problems": [_problem("missing from the checkpoint", layout=True)]}
+            continue
+        if ref is None:
+            continue
+        t, r = run.cand.get(k), ref[k]
+        if tuple(t.shape) != tuple(r.shape):
+            run.report.tensors[k] = {"problems": [_problem(f"shape {list(t.shape)}, baseline {list(r.shape)}",
+                                                           layout=True)]}
+            continue
+        err = rel_error(t, r)
+        if err > 0:
+            run.report.tensors[k] = {"problems": [], "tensor_rel_error": err}
+    return seen
 
 
 # -- what a reader is shown -------------------------------------------------------------------------
