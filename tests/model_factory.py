@@ -76,15 +76,17 @@ def save_random_shards(path: Path, shapes: dict[str, tuple[tuple, torch.dtype]],
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": index}))
 
 
-def make_outlier_llama_dir(path: Path, outliers: int, factor: float, spread: float = 0.0, seed: int = 0) -> Path:
+def make_outlier_llama_dir(path: Path, outliers: int, factor: float, spread: float = 0.0, seed: int = 0,
+                           hidden: int = 128, intermediate: int = 256, weight_seed: int = 0) -> Path:
     """A tiny Llama whose norms make ``outliers`` input channels ``factor`` times larger.
 
     ``spread``: every norm channel is also scaled by exp(N(0, spread)). The activation outliers
     that AWQ and SmoothQuant exist for, planted where the float model stays well-behaved.
+    ``seed`` draws the norms, ``weight_seed`` the rest of the model.
     """
     from transformers import AutoModelForCausalLM
 
-    make_llama_dir(path, num_layers=2, hidden=128, intermediate=256)
+    make_llama_dir(path, num_layers=2, hidden=hidden, intermediate=intermediate, seed=weight_seed)
     model = AutoModelForCausalLM.from_pretrained(path)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
