@@ -1,8 +1,8 @@
 """Every function in quantkit/ is short and takes few parameters.
 
 - Length: at most ``MAX_LINES`` lines from the ``def`` line to the last line inclusive
-  (decorators not counted), outside ``quantkit/kernels/`` (a Triton kernel body is one launch:
-  splitting it would cost registers and readability).
+  (decorators not counted), outside ``quantkit/kernels/`` (a ``@triton.jit`` body is one GPU
+  program, kept whole as in Triton's tutorials).
 - Parameters: at most ``MAX_PARAMS``, ``self``/``cls`` not counted, ``*args`` and ``**kwargs``
   one each, outside ``quantkit/cli.py`` (its commands' parameters are the command-line options).
   ``@triton.jit`` kernels are exempt: their signature is the launch ABI (pointers, sizes,
