@@ -3,7 +3,6 @@ extraction and code (a positive drop is a loss)."""
 from __future__ import annotations
 
 from ..backends.base import ScoredSlice
-from ..tasks import mc_summary
 from .base import measure
 
 
@@ -12,6 +11,8 @@ from .base import measure
          evidence="W8A16 0, FP8_DYNAMIC 0, W4 RTN -0.04: 48 questions, one question = 0.021",
          table=("mc_accuracy_base", "mc_accuracy_cand"), table_rank=8)
 def mc_accuracy_drop(s: ScoredSlice) -> float:
+    from ..tasks import mc_summary   # here: the registry is read without loading the models' code
+
     c = s.choices
     summary = mc_summary(c.items, c.base, c.cand)
     return summary["mc_accuracy_base"] - summary["mc_accuracy_cand"]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 
 from ..backends.base import ScoredSlice
-from ..divergence import bucket_measures
 from ..perplexity import perplexity
 from .base import measure
 
@@ -25,8 +24,14 @@ def _has_focus(s: ScoredSlice) -> bool:
     return s.forced is not None and sum(r.focus_tokens for r in s.forced.items) > 0
 
 
+def _buckets(s: ScoredSlice) -> dict[str, float]:
+    from ..divergence import bucket_measures   # here: the registry is read without loading torch
+
+    return bucket_measures(s.forced.buckets)
+
+
 def _has_buckets(s: ScoredSlice) -> bool:
-    return s.forced is not None and bool(bucket_measures(s.forced.buckets))
+    return s.forced is not None and bool(_buckets(s))
 
 
 def _per_token(s: ScoredSlice, field: str) -> float | None:
@@ -92,7 +97,7 @@ def focus_top1_agreement(s: ScoredSlice) -> float:
          table_rank=5)
 def kl_worst_bucket(s: ScoredSlice) -> float:
     """The largest mean KL of a position bucket that holds tokens (long slices)."""
-    return bucket_measures(s.forced.buckets)["kl_worst_bucket"]
+    return _buckets(s)["kl_worst_bucket"]
 
 
 @measure(name="kl_last_bucket", higher_is_better=False, review=0.06, nogo=0.10, applies=_has_buckets,
@@ -101,4 +106,4 @@ def kl_worst_bucket(s: ScoredSlice) -> float:
 def kl_last_bucket(s: ScoredSlice) -> float:
     """Mean KL of the deepest position bucket that holds tokens, where KV-cache error has had
     the whole context to accumulate (long slices)."""
-    return bucket_measures(s.forced.buckets)["kl_last_bucket"]
+    return _buckets(s)["kl_last_bucket"]
