@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from tqdm.auto import tqdm
 
@@ -27,6 +27,9 @@ from .sandbox import Runner, SandboxUnavailable, code_runner
 from .slices import Slice, SuiteOptions, load_suite
 from .tasks import mc_summary
 from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
+
+if TYPE_CHECKING:
+    from .integrity import IntegrityReport
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 
@@ -141,7 +144,7 @@ class EvalConfig:
     languages: str | list[str] | LanguageGate | None = None
     lm_eval_tasks: list[str] | None = None
     lm_eval_limit: int | None = None
-    integrity: object | None = None        # integrity.IntegrityReport
+    integrity: IntegrityReport | None = None
     unsafe_code_exec: bool = False
     variants: Mapping[str, View] | None = None
 
