@@ -6,7 +6,7 @@ A measure is a number computed from what a scoring backend returned for one slic
 measurement those limits came from. A new measure is one module that calls the decorator::
 
     @measure(name="nll_gap", higher_is_better=False, review=0.05, nogo=0.2,
-             evidence="...", applies=has_forced)
+             evidence="...", applies=lambda s: s.forced is not None)
     def nll_gap(s: ScoredSlice) -> float | None:
         ...
 
