@@ -137,7 +137,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from quantkit.evaluation.checkpoint import load_tokenizer
-    from quantkit.evaluation.forced import encode_text, run_forced
+    from quantkit.evaluation.forced import ForcedRequest, encode_text, run_forced
     from quantkit.evaluation.slices import load_suite
     from quantkit.kv_cache import apply_kv_option, kv_option
 
@@ -170,7 +170,7 @@ def main() -> None:
         enc = [encode_text(tok, text, length)]
         t, c = time.perf_counter(), time.process_time()
         with views[first](None) as cand:   # the first variant is run_forced's candidate, the rest views
-            r = run_forced(base, cand, enc, length, 0, length, bucket_positions=True,
+            r = run_forced(base, cand, enc, ForcedRequest(length, length, bucket_positions=True), 0,
                            views={n: views[n] for n in rest})
         s = r.summary()
         rows = {first: {"kl_mean": s["kl_mean"], "top1_agreement": s["top1_agreement"], "buckets": r.buckets,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from tqdm.auto import tqdm
 
@@ -14,18 +14,22 @@ from ..errors import QuantkitError
 from ..kernels import backend_fallbacks
 
 from .bootstrap import row_intervals
-from .business import business_meta, read_business
+from .backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
+from .backends.in_process import InProcessBackend
+from .business import BusinessRows, business_meta, read_business
 from .code_exec import using_runner
 from .context import Reach, plan_reach
-from .forced import View, encode_text, run_forced
-from .generation import generation_agreement
+from .forced import ForcedRequest, View, encode_text
+from .generation import prefix_agreement
 from .languages import LanguageGate, language_gate, model_folder
-from .models import pad_id
-from .pair import both
+from .measures import measure_values
 from .sandbox import Runner, SandboxUnavailable, code_runner
 from .slices import Slice, SuiteOptions, load_suite
-from .tasks import CodeExecution, code_pass, extraction, mc_summary, multiple_choice
+from .tasks import mc_summary
 from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
+
+if TYPE_CHECKING:
+    from .integrity import IntegrityReport
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 
@@ -113,6 +117,51 @@ def _generation_prompts(tokenizer, items: list[dict], encoded, prompt_tokens: in
 
 
 @dataclass
+class EvalConfig:
+    """What ``evaluate`` compares the models on and how (see ``evaluate`` for each field's meaning).
+
+    Validated on construction; ``thresholds`` (a dict as a recipe's ``eval: thresholds:``) becomes a
+    ``Thresholds``, ``options`` None the default ``SuiteOptions``.
+
+    >>> EvalConfig(max_len=4096).thresholds.limits["kl_mean"].nogo
+    0.1
+    >>> EvalConfig(lm_eval_limit=0)
+    Traceback (most recent call last):
+    quantkit.errors.QuantkitError: evaluate: lm_eval_limit: expected a positive integer or None, got 0
+    """
+    suite: str | list[str] | list[Slice] = "default"
+    max_len: int | None = None
+    max_len_source: str | None = None      # where max_len came from, for the report
+    thresholds: dict | Thresholds | None = None
+    options: SuiteOptions | None = None
+    calibration_log: str | Path | None = None
+    calibration_sample: str | Path | None = None
+    show_samples: bool = False
+    footprint: dict | None = None
+    module_errors: dict[str, float] | None = None
+    progress: bool = True
+    meta: dict | None = None
+    languages: str | list[str] | LanguageGate | None = None
+    lm_eval_tasks: list[str] | None = None
+    lm_eval_limit: int | None = None
+    integrity: IntegrityReport | None = None
+    unsafe_code_exec: bool = False
+    variants: Mapping[str, View] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_len", "lm_eval_limit"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise QuantkitError(f"evaluate: {name}: expected a positive integer or None, got {v!r}")
+        if self.options is None:
+            self.options = SuiteOptions()
+        elif not isinstance(self.options, SuiteOptions):
+            raise QuantkitError(f"evaluate: options: expected a SuiteOptions, got {type(self.options).__name__}")
+        if not isinstance(self.thresholds, Thresholds):
+            self.thresholds = Thresholds.from_dict(self.thresholds)
+
+
+@dataclass
 class _Measured:
     """What one slice gave: its measures, KL by position, worst examples, the variants' results."""
     values: dict = field(default_factory=dict)
@@ -122,82 +171,99 @@ class _Measured:
     warnings: list = field(default_factory=list)
 
 
-def _measure_slice(sl: Slice, base, cand, tokenizer, max_len: int, opt: SuiteOptions, show: bool, bar,
-                   runner: Runner | None, reach: Reach, variants: Mapping[str, View]) -> _Measured:
-    pad, eos = pad_id(tokenizer), tokenizer.eos_token_id
-    out = _Measured()
-    values, examples = out.values, out.examples
-    texts = cap(sl.of_kind("text"), opt.text_items if sl.public else opt.business_rows)
-    if texts:
-        window = reach.window if sl.long_context else max_len
-        limit = window if sl.long_context else min(opt.item_tokens if sl.public else opt.business_tokens, max_len)
-        encoded = [encode_text(tokenizer, it, limit) for it in texts]
-        if not sl.public:
-            texts, encoded = _scored_budget(texts, encoded, opt.business_scored_tokens)
-            values.update(rows=len(texts), rows_without_reply=sum(not it.get("reply", True) for it in texts))
-        forced = run_forced(base, cand, encoded, window, pad, opt.batch_tokens, bucket_positions=sl.long_context,
-                            views=variants if sl.long_context else None)
-        values.update(forced.summary())
-        if not sl.public:   # business slices: how far their measures could move with other rows
-            values.update(row_intervals(forced.items))
-        out.buckets = forced.buckets
-        out.variants = forced.views
-        if sl.long_context:
-            full = [len(tokenizer(it["text"], add_special_tokens=True)["input_ids"]) for it in texts]
-            out.warnings += reach.record(sl.name, full, forced.deepest)
-        examples += _worst_text_examples(sl, encoded, forced, tokenizer, show)
-        if not sl.long_context and opt.gen_prompts:
-            prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
-                                          min(limit, opt.business_prompt_tokens))
-            gen = generation_agreement(base, cand, prompts[:opt.gen_prompts], opt.gen_tokens, pad, eos, opt.gen_batch)
-            if gen["gen_agreement"] is not None:
-                values["gen_agreement"] = gen["gen_agreement"]
-                worst = min(gen["examples"], key=lambda x: x["agreement"])
-                if worst["agreement"] < 1.0:
-                    examples.append({"id": "generation", "agreement": worst["agreement"],
-                                     **({"prompt": tokenizer.decode(worst["prompt"]),
-                                         "baseline": tokenizer.decode(worst["base"]),
-                                         "candidate": tokenizer.decode(worst["cand"])}
-                                        if sl.public or show else {"prompt": HIDDEN})})
+@dataclass(frozen=True)
+class _SliceRun:
+    """What every slice is measured with."""
+    tokenizer: object
+    max_len: int
+    options: SuiteOptions
+    show: bool
+    runner: Runner | None
+    reach: Reach
+    variants: Mapping[str, View]
+
+
+def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar) -> _Measured:
+    """Score ``sl`` through ``backend``: the figures each part gives, then every registered measure."""
+    out, scored = _Measured(), ScoredSlice()
+    _score_texts(sl, backend, run, scored, out)
     bar.update(1)
-    mcs = cap(sl.of_kind("mc"), opt.mc_items)
-    if mcs:
-        s = mc_summary(mcs, *both(lambda m: multiple_choice(m, tokenizer, mcs, pad), base, cand))
-        s["mc_accuracy_drop"] = s["mc_accuracy_base"] - s["mc_accuracy_cand"]
-        values.update(s)
-    ext = cap(sl.of_kind("extract"), opt.extract_items)
-    if ext:
-        rb, rc = both(lambda m: extraction(m, tokenizer, ext, opt.extract_tokens, pad, eos, opt.gen_batch), base, cand)
-        fb, fc = (sum(r["f1"] for r in rs) / len(rs) for rs in (rb, rc))
-        values.update({"extract_items": len(ext), "extract_f1_base": fb, "extract_f1_cand": fc,
-                       "extract_f1_drop": fb - fc})
-        lost = sorted(zip(ext, rb, rc), key=lambda t: t[2]["f1"] - t[1]["f1"])[:2]
-        examples += [{"id": it["id"], "f1_base": a["f1"], "f1_cand": b["f1"],
-                      **({"prompt": it["prompt"], "baseline": a["output"], "candidate": b["output"]}
-                         if sl.public or show else {"prompt": HIDDEN})}
-                     for it, a, b in lost if b["f1"] < a["f1"]]
-    code = cap(sl.of_kind("code"), opt.code_items)
-    if code and runner is not None:   # without a runner the caller records why they were skipped
-        rb, rc = both(lambda m: code_pass(m, tokenizer, code, opt.code_tokens, pad, eos, opt.gen_batch,
-                                          CodeExecution(runner, opt.code_timeout_s)), base, cand)
-        pb, pc = (sum(r["passed"] for r in rs) / len(rs) for rs in (rb, rc))
-        values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc,
-                       "code_pass_drop": pb - pc})
-        examples += [{"id": a["id"], "baseline_status": a["status"], "candidate_status": b["status"],
-                      "candidate": b["completion"]} for a, b in zip(rb, rc) if a["passed"] and not b["passed"]][:2]
+    _score_tasks(sl, backend, run, scored, out)
+    out.values.update(measure_values(scored))
     return out
 
 
-def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice] = "default",
-             max_len: int | None = None, thresholds: dict | Thresholds | None = None,
-             options: SuiteOptions | None = None, calibration_log: str | Path | None = None,
-             show_samples: bool = False, footprint: dict | None = None,
-             module_errors: dict[str, float] | None = None, progress: bool = True,
-             meta: dict | None = None, languages: str | list[str] | LanguageGate | None = None,
-             lm_eval_tasks: list[str] | None = None, lm_eval_limit: int | None = None,
-             integrity=None, unsafe_code_exec: bool = False, variants: Mapping[str, View] | None = None,
-             max_len_source: str | None = None, calibration_sample: str | Path | None = None) -> EvalResult:
-    """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite.
+def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice, out: _Measured) -> None:
+    opt, tokenizer = run.options, run.tokenizer
+    texts = cap(sl.of_kind("text"), opt.text_items if sl.public else opt.business_rows)
+    if not texts:
+        return
+    window = run.reach.window if sl.long_context else run.max_len
+    limit = window if sl.long_context else min(opt.item_tokens if sl.public else opt.business_tokens, run.max_len)
+    encoded = [encode_text(tokenizer, it, limit) for it in texts]
+    if not sl.public:
+        texts, encoded = _scored_budget(texts, encoded, opt.business_scored_tokens)
+        out.values.update(rows=len(texts), rows_without_reply=sum(not it.get("reply", True) for it in texts))
+    request = ForcedRequest(window, opt.batch_tokens, bucket_positions=sl.long_context)
+    scored.forced = forced = backend.teacher_forced(encoded, request, run.variants if sl.long_context else None)
+    out.values.update(forced.figures())
+    if not sl.public:   # business slices: how far their measures could move with other rows
+        out.values.update(row_intervals(forced.items))
+    out.buckets, out.variants = forced.buckets, forced.views
+    if sl.long_context:
+        full = [len(tokenizer(it["text"], add_special_tokens=True)["input_ids"]) for it in texts]
+        out.warnings += run.reach.record(sl.name, full, forced.deepest)
+    out.examples += _worst_text_examples(sl, encoded, forced, tokenizer, run.show)
+    if not sl.long_context and opt.gen_prompts:
+        prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
+                                      min(limit, opt.business_prompt_tokens))
+        scored.generations = backend.continuations(prompts[:opt.gen_prompts], opt.gen_tokens, opt.gen_batch)
+        out.examples += _worst_generation(sl, scored.generations, tokenizer, run.show)
+
+
+def _worst_generation(sl: Slice, generations: list[Continuation], tokenizer, show: bool) -> list[dict]:
+    """The prompt whose continuations agree least, unless every one agrees to the end."""
+    if not generations:
+        return []
+    agreement, worst = min(((prefix_agreement(c.base, c.cand, c.n_tokens), c) for c in generations),
+                           key=lambda p: p[0])
+    if agreement >= 1.0:
+        return []
+    shown = ({"prompt": tokenizer.decode(worst.prompt), "baseline": tokenizer.decode(worst.base),
+              "candidate": tokenizer.decode(worst.cand)} if sl.public or show else {"prompt": HIDDEN})
+    return [{"id": "generation", "agreement": agreement, **shown}]
+
+
+def _score_tasks(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice, out: _Measured) -> None:
+    opt = run.options
+    mcs = cap(sl.of_kind("mc"), opt.mc_items)
+    if mcs:
+        scored.choices = c = backend.multiple_choice(mcs)
+        out.values.update(mc_summary(mcs, c.base, c.cand))
+    ext = cap(sl.of_kind("extract"), opt.extract_items)
+    if ext:
+        scored.extraction = r = backend.extraction(ext, opt.extract_tokens, opt.gen_batch)
+        fb, fc = r.means("f1")
+        out.values.update({"extract_items": len(ext), "extract_f1_base": fb, "extract_f1_cand": fc})
+        lost = sorted(zip(ext, r.base, r.cand), key=lambda t: t[2]["f1"] - t[1]["f1"])[:2]
+        out.examples += [{"id": it["id"], "f1_base": a["f1"], "f1_cand": b["f1"],
+                          **({"prompt": it["prompt"], "baseline": a["output"], "candidate": b["output"]}
+                             if sl.public or run.show else {"prompt": HIDDEN})}
+                         for it, a, b in lost if b["f1"] < a["f1"]]
+    code = cap(sl.of_kind("code"), opt.code_items)
+    if code and run.runner is not None:   # without a runner the caller records why they were skipped
+        scored.code = r = backend.code(code, CodeRequest(opt.code_tokens, opt.gen_batch, opt.code_timeout_s,
+                                                         run.runner))
+        pb, pc = r.means("passed")
+        out.values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc})
+        out.examples += [{"id": a["id"], "baseline_status": a["status"], "candidate_status": b["status"],
+                          "candidate": b["completion"]} for a, b in zip(r.base, r.cand)
+                         if a["passed"] and not b["passed"]][:2]
+
+
+def evaluate(baseline, candidate, tokenizer, config: EvalConfig | None = None, **fields) -> EvalResult:
+    """Compare ``candidate`` with ``baseline`` (both transformers causal LMs) on a suite, as
+    ``config`` says (an ``EvalConfig``; keyword ``fields`` build one, or replace its fields).
 
     ``max_len`` is the deployment length (``max_len_source`` says where it came from, for the
     report); None: the baseline's ``max_position_embeddings``. The long-context slices run to it
@@ -225,85 +291,151 @@ def evaluate(baseline, candidate, tokenizer, suite: str | list[str] | list[Slice
     ``unsafe_code_exec`` runs them without it. An evaluation that measured nothing on a slice
     that gates is REVIEW, never GO.
 
+    The models are scored in this process (backends/in_process.py); the measures are the
+    registered ones (measures/).
+
     >>> result = evaluate(base_model, quantkit.load("ckpt"), tok, max_len=4096)  # doctest: +SKIP
     >>> result.decision, result.save("ckpt/eval")                                # doctest: +SKIP
     ('GO', PosixPath('ckpt/eval'))
     """
-    opt = options or SuiteOptions()
-    limit = getattr(getattr(baseline, "config", None), "max_position_embeddings", None)
-    if limit and max_len is not None and max_len > limit:
-        raise QuantkitError(f"{max_len_source or '--max-len'}: {max_len} exceeds the model's "
-                            f"max_position_embeddings ({limit})")
-    reach = plan_reach(baseline, max_len, max_len_source)
-    max_len = reach.max_len
-    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
-    slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
-    business = None
-    if calibration_log:
-        business = read_business(calibration_log, tokenizer, opt.business_rows, calibration_sample)
-        slices = slices + business.slices
-    gate = language_gate(languages, None if languages else model_folder(baseline))
-    if lm_eval_tasks:
-        from .lm_eval_bridge import task_manager
-        task_manager(list(lm_eval_tasks))  # an unknown task fails now, not after the suite
+    cfg = replace(config, **fields) if config is not None else EvalConfig(**fields)
+    setup = _set_up(baseline, tokenizer, cfg)
     for m in (baseline, candidate):
         m.eval()
-    runner, code_meta, warnings = open_code_runner(slices, opt, unsafe_code_exec, bool(lm_eval_tasks))
-    if business is not None and calibration_sample is None:
-        warnings.append("business slices not checked against the calibration sample (--calib-sample): "
-                        "rows the candidate was calibrated on may be among them")
-    if reach.window < reach.max_len and any(s.long_context for s in slices):
-        warnings.append(reach.notes()[0])
+    setup.open_runner(cfg)
     t0, c0 = time.perf_counter(), time.process_time()
-    values, buckets, examples, seconds, cpu, by_variant = {}, {}, {}, {}, {}, {}
-    with tqdm(total=len(slices) * 2, desc="eval", disable=not progress, unit="step") as bar:
-        for sl in slices:
+    suite = _score_suite(InProcessBackend(baseline, candidate, tokenizer), tokenizer, cfg, setup)
+    lm, measures = _beside_the_suite(baseline, candidate, tokenizer, cfg, setup, suite)
+    verdict = _judge(measures, cfg, setup, suite)
+    # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
+    suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
+    return EvalResult(_meta(cfg, setup, suite), suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds,
+                      cfg.footprint, cfg.module_errors, {s.name: s.public for s in setup.slices},
+                      {s.name: s.language for s in setup.slices}, setup.gate, lm,
+                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, suite.by_variant)
+
+
+@dataclass
+class _Setup:
+    """What ``evaluate`` resolves before scoring anything."""
+    reach: Reach
+    slices: list[Slice]
+    business: BusinessRows | None
+    gate: LanguageGate
+    runner: Runner | None = None
+    code_meta: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def open_runner(self, cfg: EvalConfig) -> None:
+        """The code runner, then the warnings of what the suite will not see as asked."""
+        self.runner, self.code_meta, self.warnings = open_code_runner(self.slices, cfg.options, cfg.unsafe_code_exec,
+                                                                      bool(cfg.lm_eval_tasks))
+        if self.business is not None and cfg.calibration_sample is None:
+            self.warnings.append("business slices not checked against the calibration sample (--calib-sample): "
+                                 "rows the candidate was calibrated on may be among them")
+        if self.reach.window < self.reach.max_len and any(s.long_context for s in self.slices):
+            self.warnings.append(self.reach.notes()[0])
+
+
+def _set_up(baseline, tokenizer, cfg: EvalConfig) -> _Setup:
+    """The deployment length and the window it affords, the slices, the languages that gate; an
+    unknown lm-eval task fails here, not after the suite."""
+    limit = getattr(getattr(baseline, "config", None), "max_position_embeddings", None)
+    if limit and cfg.max_len is not None and cfg.max_len > limit:
+        raise QuantkitError(f"{cfg.max_len_source or '--max-len'}: {cfg.max_len} exceeds the model's "
+                            f"max_position_embeddings ({limit})")
+    reach = plan_reach(baseline, cfg.max_len, cfg.max_len_source)
+    suite = cfg.suite
+    slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
+    business = None
+    if cfg.calibration_log:
+        business = read_business(cfg.calibration_log, tokenizer, cfg.options.business_rows, cfg.calibration_sample)
+        slices = slices + business.slices
+    gate = language_gate(cfg.languages, None if cfg.languages else model_folder(baseline))
+    if cfg.lm_eval_tasks:
+        from .lm_eval_bridge import task_manager
+        task_manager(list(cfg.lm_eval_tasks))
+    return _Setup(reach, slices, business, gate)
+
+
+@dataclass
+class _Suite:
+    """Every slice's results, and how long each took."""
+    values: dict = field(default_factory=dict)
+    buckets: dict = field(default_factory=dict)
+    examples: dict = field(default_factory=dict)
+    by_variant: dict = field(default_factory=dict)
+    seconds: dict = field(default_factory=dict)
+    cpu: dict = field(default_factory=dict)
+    seconds_total: float = 0.0
+    cpu_total: float = 0.0
+
+
+def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Setup) -> _Suite:
+    run = _SliceRun(tokenizer, setup.reach.max_len, cfg.options, cfg.show_samples, setup.runner, setup.reach,
+                    cfg.variants or {})
+    out = _Suite()
+    with tqdm(total=len(setup.slices) * 2, desc="eval", disable=not cfg.progress, unit="step") as bar:
+        for sl in setup.slices:
             bar.set_postfix_str(sl.name)
             ts, cs = time.perf_counter(), time.process_time()
-            got = _measure_slice(sl, baseline, candidate, tokenizer, max_len, opt, show_samples, bar, runner,
-                                 reach, variants or {})
-            values[sl.name], examples[sl.name] = got.values, got.examples
-            warnings += got.warnings
+            got = _measure_slice(sl, backend, run, bar)
+            out.values[sl.name], out.examples[sl.name] = got.values, got.examples
+            setup.warnings += got.warnings
             if got.buckets:
-                buckets[sl.name] = got.buckets
+                out.buckets[sl.name] = got.buckets
             if got.variants:
-                by_variant[sl.name] = got.variants
-            seconds[sl.name] = time.perf_counter() - ts
-            cpu[sl.name] = time.process_time() - cs
+                out.by_variant[sl.name] = got.variants
+            out.seconds[sl.name] = time.perf_counter() - ts
+            out.cpu[sl.name] = time.process_time() - cs
             bar.update(1)
-    lm = {}
-    measures = dict(values)
-    if lm_eval_tasks:
+    return out
+
+
+def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _Setup,
+                      suite: _Suite) -> tuple[dict, dict[str, dict]]:
+    """The lm-eval tasks' results, and every pseudo-slice the verdict reads beside the suite's:
+    ``lm-eval:<task>`` and the flagged ``integrity:<name>``."""
+    lm, measures = {}, dict(suite.values)
+    if cfg.lm_eval_tasks:
         from .lm_eval_bridge import compare_lm_eval, lm_eval_measures
         ts, cs = time.perf_counter(), time.process_time()
-        with using_runner(runner):
-            lm = compare_lm_eval(baseline, candidate, tokenizer, list(lm_eval_tasks), limit=lm_eval_limit)
+        with using_runner(setup.runner):
+            lm = compare_lm_eval(baseline, candidate, tokenizer, list(cfg.lm_eval_tasks), limit=cfg.lm_eval_limit)
         measures.update(lm_eval_measures(lm))
-        seconds["lm-eval"], cpu["lm-eval"] = time.perf_counter() - ts, time.process_time() - cs
-    if integrity is not None:
-        measures.update(flagged_measures(integrity, th))
-    langs = {s.name: s.language for s in slices}
-    verdict = decide(measures, th, {s.name: gate.why_not() for s in slices
-                                    if not gate.gates(s.language, s.public)})
-    warnings += backend_fallbacks()   # e.g. CUDA ran the torch reference: slower than deployed
+        suite.seconds["lm-eval"], suite.cpu["lm-eval"] = time.perf_counter() - ts, time.process_time() - cs
+    if cfg.integrity is not None:
+        measures.update(flagged_measures(cfg.integrity, cfg.thresholds))
+    return lm, measures
+
+
+def _judge(measures: dict[str, dict], cfg: EvalConfig, setup: _Setup, suite: _Suite) -> Verdict:
+    """The verdict, the warnings it raises, and the worst examples and variant levels it selects."""
+    th = cfg.thresholds
+    verdict = decide(measures, th, {s.name: setup.gate.why_not() for s in setup.slices
+                                    if not setup.gate.gates(s.language, s.public)})
+    setup.warnings += backend_fallbacks()   # e.g. CUDA ran the torch reference: slower than deployed
     if not any(v for s, v in measures.items() if s not in verdict.not_gated):
-        warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
+        setup.warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
         verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))
     verdict = replace(verdict, noise=within_noise(measures, th))
-    examples = {k: v for k, v in examples.items() if verdict.slices.get(k) != GO and v}
-    for name, vs in by_variant.items():   # each variant's would-be level on the slice: information
+    suite.examples = {k: v for k, v in suite.examples.items() if verdict.slices.get(k) != GO and v}
+    for name, vs in suite.by_variant.items():   # each variant's would-be level on the slice: information
         for variant in vs.values():
             variant["level"] = decide({name: variant}, th).slices[name]
-    # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
-    info = {"max_len": max_len, "max_len_source": reach.source, "long_context": reach.to_dict(),
-            "long_context_notes": reach.notes(), "suite": [s.name for s in slices], "show_samples": show_samples,
-            "seconds_total": time.perf_counter() - t0, "seconds_per_slice": seconds,
-            "cpu_seconds_total": time.process_time() - c0, "cpu_seconds_per_slice": cpu,
-            "languages": gate.to_dict(), **({"code_exec": code_meta} if code_meta else {}),
-            **({"business": business_meta(business.summary, values)} if business else {}), **(meta or {})}
-    return EvalResult(info, values, buckets, examples, verdict, th, footprint, module_errors,
-                      {s.name: s.public for s in slices}, langs, gate, lm,
-                      None if integrity is None else integrity.to_dict(), warnings, by_variant)
+    return verdict
+
+
+def _meta(cfg: EvalConfig, setup: _Setup, suite: _Suite) -> dict:
+    reach = setup.reach
+    return {"max_len": reach.max_len, "max_len_source": reach.source, "long_context": reach.to_dict(),
+            "long_context_notes": reach.notes(), "suite": [s.name for s in setup.slices],
+            "show_samples": cfg.show_samples, "seconds_total": suite.seconds_total,
+            "seconds_per_slice": suite.seconds, "cpu_seconds_total": suite.cpu_total,
+            "cpu_seconds_per_slice": suite.cpu, "languages": setup.gate.to_dict(),
+            **({"code_exec": setup.code_meta} if setup.code_meta else {}),
+            **({"business": business_meta(setup.business.summary, suite.values)} if setup.business else {}),
+            **(cfg.meta or {})}
 
 
 def open_code_runner(slices: list[Slice], opt: SuiteOptions, unsafe: bool,

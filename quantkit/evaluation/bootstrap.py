@@ -9,9 +9,9 @@ gives one interval, run after run.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from .measures import MEASURES
 
 REPLICATES = 1000
 LEVEL = 0.95
@@ -40,14 +40,14 @@ def ratio_interval(num, den, replicates: int = REPLICATES, level: float = LEVEL,
 
 
 def row_intervals(items) -> dict[str, list[float]]:
-    """``<measure>_ci`` for kl_mean, top1_agreement and ppl_increase from per-row ``ItemStats``."""
+    """``<measure>_ci`` from per-row ``ItemStats`` for each registered measure with a
+    ``row_value`` (kl_mean, top1_agreement, ppl_increase); none with fewer than 2 scored rows."""
     tokens = [s.tokens for s in items]
     out = {}
-    kl = ratio_interval([s.kl_sum for s in items], tokens)
-    if kl is None:
-        return out
-    out["kl_mean_ci"] = list(kl)
-    out["top1_agreement_ci"] = list(ratio_interval([s.top1 for s in items], tokens))
-    lo, hi = ratio_interval([s.nll_cand - s.nll_base for s in items], tokens)
-    out["ppl_increase_ci"] = [math.expm1(lo), math.expm1(hi)]
+    for m in MEASURES.values():
+        if m.row_value is None:
+            continue
+        ci = ratio_interval([m.row_value(s) for s in items], tokens)
+        if ci is not None:
+            out[f"{m.name}_ci"] = [m.from_ratio(x) for x in ci] if m.from_ratio else list(ci)
     return out

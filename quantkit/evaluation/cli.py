@@ -44,7 +44,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
 
     The languages that gate: ``languages`` (``--languages``), else the section's
     ``languages``, else the baseline folder's model card, else all (languages.py)."""
-    from .api import evaluate, integrity_only
+    from .api import EvalConfig, evaluate, integrity_only
     from .checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
     from .integrity import check_checkpoint
     from .languages import language_gate
@@ -93,13 +93,13 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
     if ckv.prepared:
         fp["kv_options"], meta["kv"] = ckv.footprint(fp), ckv.meta()
     ckv.deploy(cand)   # loaded for this evaluation alone: the first option stays applied
-    result = evaluate(base, cand, tok, suite=suite, max_len=max_len, max_len_source=source, variants=ckv.variants(),
-                      thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
-                      show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
-                      module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
-                      lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity,
-                      unsafe_code_exec=unsafe_code_exec, calibration_sample=calibration_sample)
-    return result
+    config = EvalConfig(suite=suite, max_len=max_len, max_len_source=source, variants=ckv.variants(),
+                        thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
+                        show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
+                        module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
+                        lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity,
+                        unsafe_code_exec=unsafe_code_exec, calibration_sample=calibration_sample)
+    return evaluate(base, cand, tok, config)
 
 
 def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan, kv_option=None) -> dict:

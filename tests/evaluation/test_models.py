@@ -9,7 +9,7 @@ import torch
 from arch_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
-from quantkit.evaluation.forced import Encoded, run_forced
+from quantkit.evaluation.forced import Encoded, ForcedRequest, run_forced
 from quantkit.evaluation.models import body_states, forward_logits, head_logits, position_chunks
 
 
@@ -48,8 +48,9 @@ def test_views_score_against_the_same_baseline(base, tok):
         entered.append(m)
         yield m
 
-    r = run_forced(base, noisy, enc, max_len=64, pad=0, batch_tokens=256, bucket_positions=True,
-                   views={"same": as_is, "baseline": lambda m: contextlib.nullcontext(base)}, chunk_tokens=24)
+    r = run_forced(base, noisy, enc, ForcedRequest(max_len=64, batch_tokens=256, bucket_positions=True,
+                                                 chunk_tokens=24), pad=0,
+                   views={"same": as_is, "baseline": lambda m: contextlib.nullcontext(base)})
     main = r.summary()
     assert r.views["same"]["kl_mean"] == pytest.approx(main["kl_mean"], rel=1e-6) and main["kl_mean"] > 1e-3
     assert r.views["same"]["buckets"] == r.buckets

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quantkit.evaluation.forced import Encoded, run_forced
+from quantkit.evaluation.forced import Encoded, ForcedRequest, run_forced
 from quantkit.evaluation.perplexity import rolling_windows
 
 
@@ -21,7 +21,7 @@ def test_windows_score_every_target_exactly_once(n, max_len, data):
 def test_rolling_perplexity_equals_full_context_when_it_fits(base, tok):
     ids = tok("The national executive appointed a senator as interim leader in 2001.")["input_ids"]
     enc = [Encoded("a", ids, [False] * len(ids))]
-    r = run_forced(base, base, enc, max_len=512, pad=0, batch_tokens=512)
+    r = run_forced(base, base, enc, ForcedRequest(max_len=512, batch_tokens=512), pad=0)
     with torch.no_grad():
         logits = base(torch.tensor([ids])).logits[0, :-1]
     nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum")
@@ -34,5 +34,5 @@ def test_rolling_perplexity_equals_full_context_when_it_fits(base, tok):
 def test_windows_shorter_than_text_still_score_every_token(base, tok):
     ids = tok("0123456789 " * 30)["input_ids"][:200]
     enc = [Encoded("a", ids, [True] * len(ids))]
-    short = run_forced(base, base, enc, max_len=64, pad=0, batch_tokens=256).summary()
+    short = run_forced(base, base, enc, ForcedRequest(max_len=64, batch_tokens=256), pad=0).summary()
     assert short["tokens"] == len(ids) - 1 and short["focus_tokens"] == len(ids) - 1
