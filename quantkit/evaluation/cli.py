@@ -1,7 +1,9 @@
 """typer-compatible commands: ``quantkit eval`` and ``quantkit plan`` (wired in quantkit/cli.py).
 Each forwards to the typed Python API; user errors print one line and exit 2."""
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -28,13 +30,28 @@ def _recipe_eval(recipe: Optional[str]) -> dict:
     return dict(load_recipe(recipe, check_eval=check_eval_section).eval)
 
 
-def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: str | None = None,
-                   max_len: int | None = None, eval_section: dict | None = None,
-                   calibration_log: str | Path | None = None, show_samples: bool = False,
-                   device: str = "cpu", progress: bool = True, gpu_mem: str = "80GiB",
-                   languages: str | list[str] | None = None, lm_eval_tasks: list[str] | None = None,
-                   lm_eval_limit: int | None = None, unsafe_code_exec: bool = False,
-                   kv: str | list[str] | None = None, calibration_sample: str | Path | None = None):
+@dataclass(frozen=True)
+class PathsOptions:
+    """What ``quantkit eval`` passes besides the two folders (each field is the flag of its name)."""
+
+    suite: str | None = None
+    max_len: int | None = None
+    eval_section: dict | None = None
+    calibration_log: str | Path | None = None
+    calibration_sample: str | Path | None = None
+    show_samples: bool = False
+    device: str = "cpu"
+    progress: bool = True
+    gpu_mem: str = "80GiB"
+    languages: str | list[str] | None = None
+    lm_eval_tasks: list[str] | None = None
+    lm_eval_limit: int | None = None
+    unsafe_code_exec: bool = False
+    kv: str | list[str] | None = None
+
+
+def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: PathsOptions | None = None,
+                   **fields):
     """Load both models from folders and evaluate; returns the ``EvalResult``.
 
     ``kv`` (``--kv``, kv_options.py): KV-cache options; the first is applied to the candidate for
@@ -44,37 +61,34 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
 
     The languages that gate: ``languages`` (``--languages``), else the section's
     ``languages``, else the baseline folder's model card, else all (languages.py)."""
+    from ..kv_cache import kv_options
     from .api import EvalConfig, evaluate, integrity_only
     from .checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
+    from .context import deployment_length
     from .integrity import check_checkpoint
-    from .languages import language_gate
-    from ..kv_cache import kv_options
     from .kv_options import candidate_kv
+    from .languages import language_gate
     from .plan import plan
     from .section import EvalSection, check_eval_section, suite_options
+    from .slices import load_suite
 
-    check_device(device)
-    kv_opts = kv_options(kv)   # a bad --kv fails before anything is read
-    section = check_eval_section(eval_section)
-    options = suite_options(section)
+    o = dataclasses.replace(options or PathsOptions(), **fields)
+    check_device(o.device)
+    kv_opts = kv_options(o.kv)   # a bad --kv fails before anything is read
+    section = check_eval_section(o.eval_section)
+    suite_opts = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
     for d in (base_dir, cand_dir):
         check_weights(d)
-    from .slices import load_suite
-    suite = suite or section.get("suite") or "default"
+    suite = o.suite or section.get("suite") or "default"
     load_suite(suite)  # fail on a bad slice name before loading any model
-    if calibration_log:
-        from .business import read_business
-        # and on a bad --calib log or --calib-sample, before any model loads
-        read_business(calibration_log, None, options.business_rows, calibration_sample)
-    elif calibration_sample is not None:
-        raise QuantkitError("--calib-sample: needs --calib (the log whose business rows it is checked against)")
-    if max_len is not None:
-        check_flag(EvalSection, "max_len", max_len, "--max-len")
+    _check_calibration_flags(o, suite_opts)
+    if o.max_len is not None:
+        check_flag(EvalSection, "max_len", o.max_len, "--max-len")
     # the deployment length: the flag, the recipe's, else the baseline's max_position_embeddings
-    source = "--max-len" if max_len is not None else "eval.max_len" if section.get("max_len") else None
-    max_len = max_len if max_len is not None else section.get("max_len")
-    gate = (language_gate(languages, base_dir) if languages else
+    source = "--max-len" if o.max_len is not None else "eval.max_len" if section.get("max_len") else None
+    max_len = o.max_len if o.max_len is not None else section.get("max_len")
+    gate = (language_gate(o.languages, base_dir) if o.languages else
             language_gate(section.get("languages"), base_dir, explicit_source="eval.languages"))
     tok = load_tokenizer(cand_dir, base_dir)
     meta = {"baseline": str(base_dir), "candidate": str(cand_dir)}
@@ -84,23 +98,31 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, suite: st
         meta["integrity_seconds"] = integrity.seconds
         if integrity.unloadable:
             return integrity_only(integrity, section.get("thresholds"), {"max_len": max_len, **meta})
-    base = load_model(base_dir, device)
-    cand = load_model(cand_dir, device)
-    ckv = candidate_kv(cand, kv_opts, tok, calibration_log, max_len)
-    from .context import deployment_length
-    fp = _footprint(base_dir, cand_dir, gpu_mem, deployment_length(base, max_len)[0], plan,
+    base = load_model(base_dir, o.device)
+    cand = load_model(cand_dir, o.device)
+    ckv = candidate_kv(cand, kv_opts, tok, o.calibration_log, max_len)
+    fp = _footprint(base_dir, cand_dir, o.gpu_mem, deployment_length(base, max_len)[0], plan,
                     kv_option=kv_opts[0] if kv_opts else None)
     if ckv.prepared:
         fp["kv_options"], meta["kv"] = ckv.footprint(fp), ckv.meta()
     ckv.deploy(cand)   # loaded for this evaluation alone: the first option stays applied
     config = EvalConfig(suite=suite, max_len=max_len, max_len_source=source, variants=ckv.variants(),
-                        thresholds=section.get("thresholds"), options=options, calibration_log=calibration_log,
-                        show_samples=show_samples or bool(section.get("show_samples")), footprint=fp,
-                        module_errors=module_errors(cand_dir), progress=progress, meta=meta, languages=gate,
-                        lm_eval_tasks=lm_eval_tasks, lm_eval_limit=lm_eval_limit, integrity=integrity,
-                        unsafe_code_exec=unsafe_code_exec, calibration_sample=calibration_sample)
+                        thresholds=section.get("thresholds"), options=suite_opts, calibration_log=o.calibration_log,
+                        show_samples=o.show_samples or bool(section.get("show_samples")), footprint=fp,
+                        module_errors=module_errors(cand_dir), progress=o.progress, meta=meta, languages=gate,
+                        lm_eval_tasks=o.lm_eval_tasks, lm_eval_limit=o.lm_eval_limit, integrity=integrity,
+                        unsafe_code_exec=o.unsafe_code_exec, calibration_sample=o.calibration_sample)
     return evaluate(base, cand, tok, config)
 
+
+def _check_calibration_flags(o: PathsOptions, suite_opts) -> None:
+    """A bad --calib log or --calib-sample fails before any model loads."""
+    from .business import read_business
+
+    if o.calibration_log:
+        read_business(o.calibration_log, None, suite_opts.business_rows, o.calibration_sample)
+    elif o.calibration_sample is not None:
+        raise QuantkitError("--calib-sample: needs --calib (the log whose business rows it is checked against)")
 
 def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan, kv_option=None) -> dict:
     """The deployment footprint with the KV cache evaluated: ``kv_option`` (``--kv``'s first), else
@@ -236,8 +258,9 @@ def eval_command(
         out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
                                     recipe=recipe, suite=suite)
         policy.check(out, overwrite)   # a report that may not or cannot be written fails now
-        result = evaluate_paths(baseline, candidate, suite, max_len, _recipe_eval(recipe), calib,
-                                show_samples, device, gpu_mem=gpu_mem, languages=languages,
+        result = evaluate_paths(baseline, candidate, suite=suite, max_len=max_len, eval_section=_recipe_eval(recipe),
+                                calibration_log=calib, show_samples=show_samples, device=device,
+                                gpu_mem=gpu_mem, languages=languages,
                                 lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
                                 unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample)
         path = result.save(out, overwrite, policy)
