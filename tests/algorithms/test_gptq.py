@@ -10,7 +10,9 @@ import torch
 from torch import nn
 
 from quantkit.algorithms import LayerContext, build_algorithm
-from quantkit.algorithms import gptq as gptq_mod
+from quantkit.algorithms.gptq import columns as columns_mod
+from quantkit.algorithms.gptq import hessian as hessian_mod
+from quantkit.algorithms.gptq import solve as solve_mod
 from quantkit.algorithms.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, gptq_quantize_weight
 from quantkit.errors import QuantkitError
 from quantkit.primitives import calculate_qparams, dequantize, reduce_minmax
@@ -111,7 +113,8 @@ ARGS = {
 
 @pytest.fixture
 def float64_solve(monkeypatch):
-    monkeypatch.setattr(gptq_mod, "GPTQ_PRECISION", torch.float64)
+    for module in (hessian_mod, solve_mod, columns_mod):   # each module that reads the precision
+        monkeypatch.setattr(module, "GPTQ_PRECISION", torch.float64)
 
 
 @pytest.mark.parametrize("static_groups", [False, True])
@@ -461,16 +464,16 @@ def test_single_pass_solves_a_linear_again_when_its_input_differs():
     assert torch.equal(layer.k_proj.weight.data, results["k_proj"].dequantized(scheme.weights, torch.float32))
 
 
-@pytest.mark.parametrize("cols", [gptq_mod._GRAM_BLOCK + 5, 3 * gptq_mod._GRAM_BLOCK + 17,
-                                  gptq_mod._WIDE_GRAM_COLUMNS + 3 * gptq_mod._GRAM_BLOCK + 7])
+@pytest.mark.parametrize("cols", [hessian_mod._GRAM_BLOCK + 5, 3 * hessian_mod._GRAM_BLOCK + 17,
+                                  hessian_mod._WIDE_GRAM_COLUMNS + 3 * hessian_mod._GRAM_BLOCK + 7])
 def test_gram_is_the_exact_symmetric_product(cols):
     x = correlated_inputs(300, cols, seed=4)
-    G = gptq_mod.gram(x)
+    G = hessian_mod.gram(x)
     torch.testing.assert_close(G, x.T @ x, rtol=1e-5, atol=1e-3)
     assert torch.equal(G, G.T)
 
 
-@pytest.mark.parametrize("cols", [3 * gptq_mod._GRAM_BLOCK + 17, gptq_mod._WIDE_GRAM_COLUMNS + 3 * gptq_mod._GRAM_BLOCK + 7])
+@pytest.mark.parametrize("cols", [3 * hessian_mod._GRAM_BLOCK + 17, hessian_mod._WIDE_GRAM_COLUMNS + 3 * hessian_mod._GRAM_BLOCK + 7])
 def test_hessian_folds_in_place_to_the_running_mean_of_every_batch(cols):
     """Batches folded one by one (``beta * H + alpha * x^T x`` into ``H``'s own memory) give
     ``2/T * X^T X`` of all of them at once, exactly symmetric at every step."""
