@@ -4,6 +4,7 @@ checks that the truncated completions are the same.
 
 Usage: taskset -c 0 .venv/bin/python benchmarks/code_early_stop.py
 """
+import argparse
 import time
 
 import torch
@@ -24,6 +25,7 @@ def completions(model, prompts, batch, pad, eos, stop=None):
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     torch.set_num_threads(1)
     base_dir = resolve_dir(None)
     tok = load_tokenizer(base_dir, base_dir)

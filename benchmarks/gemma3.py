@@ -162,4 +162,7 @@ def check_tokenizer(tok, sp) -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print(gemma3_model_dir())
