@@ -134,14 +134,14 @@ def _convert(f: ConvertFlags) -> None:
         raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
     r = _convert_recipe(f)
     go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
-    from .api import ConvertOptions, conversion_inputs, convert
+    from . import api
     from .formats.writer import prepare_output
 
     model_name = Path(f.model).name if f.model else "smollm2-135m-instruct"
     out = f.out or Path("out") / f"{model_name}-{r.name}"
     device = distributed.initialize(f.device)   # joins torchrun's process group, if it started this one
     writes = distributed.is_writer()
-    inputs = conversion_inputs(f.model, r, f.recipe, f.calib)
+    inputs = api.conversion_inputs(f.model, r, f.recipe, f.calib)
     if writes:
         prepare_output(out, f.overwrite, OutputPolicy("convert", inputs))
     if ranks is not None and ranks > 1 and launched == 1:
@@ -150,8 +150,8 @@ def _convert(f: ConvertFlags) -> None:
     if go:
         q = _smallest_go(f, r, out, device, progress, say)
     else:
-        q = convert(f.model, r, f.calib, ConvertOptions(f.ignore, out.parent, out, f.resume, device, progress, say,
-                                                         f.trust_remote_code), inputs)
+        options = api.ConvertOptions(f.ignore, out.parent, out, f.resume, device, progress, say, f.trust_remote_code)
+        q = api.convert(f.model, r, f.calib, options, inputs)
     if not writes:
         return
     path = q.save(out, overwrite=f.overwrite)
@@ -350,15 +350,18 @@ def sensitivity_command(
         if tokens is None:
             tokens = MixedSettings().tokens
         check_flag(MixedSettings, "tokens", tokens, "--tokens")
+        from .recipe import load_recipe
+        from .sensitivity.search import SearchOptions
+
         policy = None
+        if out is not None and not out.parent.is_dir():
+            raise QuantkitError(f"--out: {out.parent} is not a folder")
+        r = load_recipe(recipe)
         if out is not None:
-            if not out.parent.is_dir():
-                raise QuantkitError(f"--out: {out.parent} is not a folder")
             from .api import conversion_inputs
-            from .recipe import load_recipe
-            policy = OutputPolicy("sensitivity", conversion_inputs(model, load_recipe(recipe), recipe, calib))
+            policy = OutputPolicy("sensitivity", conversion_inputs(model, r, recipe, calib))
             policy.check(out, overwrite, is_file=True)
-        s = sensitivity(model, recipe, calib, candidates=candidates, tokens=tokens, exact_units=exact_units,
+        s = sensitivity(model, r, calib, candidates=candidates, options=SearchOptions(tokens, exact_units=exact_units),
                         log=lambda line: typer.echo(line, err=True))
     except QuantkitError as e:
         _fail(str(e))
