@@ -93,7 +93,7 @@ def worker(spec: dict) -> dict:
         recipe = {"version": 1, "ignore": ["lm_head"], **spec["recipe"],
                   "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"]}}
         t0, c0 = time.perf_counter(), time.process_time()
-        q = quantkit.quantize(folder, recipe, calibration=calib, workdir=spec["workdir"])
+        q = quantkit.quantize(folder, recipe, calib, quantkit.ConvertOptions(workdir=spec["workdir"]))
         out["seconds"] = time.perf_counter() - t0
         out["cpu_seconds"] = time.process_time() - c0
         out["peak_rss_mb_quantize"] = bench.peak_rss_mb()

@@ -204,7 +204,7 @@ def run(args) -> None:
                    "business": {"rows": args.rows, "row_tokens": args.row_tokens, "scored_tokens": args.scored_tokens}}
             with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
                 c0 = time.process_time()
-                q = quantkit.quantize(folder, recipe, calibration=ids, out=Path(tmp) / "ckpt", log=say)
+                q = quantkit.quantize(folder, recipe, ids, quantkit.ConvertOptions(out=Path(tmp) / "ckpt", log=say))
                 path = q.save()
                 row["convert_cpu_s"] = round(time.process_time() - c0, 1)
                 cand = load_model(path)

@@ -173,8 +173,8 @@ def worker_quantkit(spec: dict) -> dict:
                   "calibration": {"num_samples": len(calib), "max_seq_len": spec["seq_len"],
                                   "offload": bool(spec.get("offload"))}}
         t0, c0 = time.perf_counter(), time.process_time()
-        q = quantkit.quantize(folder, recipe, calibration=calib if spec["algorithm"] != "rtn" else None,
-                              workdir=spec["workdir"])
+        q = quantkit.quantize(folder, recipe, calib if spec["algorithm"] != "rtn" else None,
+                              quantkit.ConvertOptions(workdir=spec["workdir"]))
         out["seconds"] = time.perf_counter() - t0
         out["cpu_seconds"] = time.process_time() - c0
         out["peak_rss_mb_quantize"] = peak_rss_mb()

@@ -121,7 +121,7 @@ def stage_gptq(out: Path, dry: bool) -> int:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    q = quantkit.quantize(model, recipe, ids, device=device, progress=_layer_timer(marks))
+    q = quantkit.quantize(model, recipe, ids, quantkit.ConvertOptions(device=device, progress=_layer_timer(marks)))
     total_s = time.perf_counter() - t0
     per_layer = [b - a for a, b in zip(marks, marks[1:])]
     fixed = total_s - sum(per_layer)               # first-layer inputs, embeddings, config, index
@@ -196,7 +196,7 @@ def _eval(out: Path, dry: bool, work: Path) -> int:
     if dry:
         recipe = recipe.with_overrides(num_samples=4, max_seq_len=64)
     t0 = time.perf_counter()
-    ckpt = quantkit.quantize(base, recipe, device=device).save(work / "ckpt")
+    ckpt = quantkit.quantize(base, recipe, options=quantkit.ConvertOptions(device=device)).save(work / "ckpt")
     convert_s = time.perf_counter() - t0
     full = os.environ.get("GPU_CHECK_EVAL") == "full" and not dry
     if dry:

@@ -84,7 +84,8 @@ def check_one(base: Path, recipe: str, out_dir: Path, keep: bool, num_samples: i
     t = time.perf_counter()
     try:
         if not (ckpt / "config.json").exists():
-            quantkit.quantize(str(base), recipe_with(recipe, num_samples), workdir=out_dir).save(ckpt, overwrite=True)
+            quantkit.quantize(str(base), recipe_with(recipe, num_samples),
+                              options=quantkit.ConvertOptions(workdir=out_dir)).save(ckpt, overwrite=True)
     except QuantkitError as e:
         return {**row, "skipped": str(e)}
     row["convert_s"] = time.perf_counter() - t

@@ -45,7 +45,7 @@ def main() -> None:
     workdir = HERE.parent / ".cache" / "benchmarks" / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.perf_counter(), time.process_time()
-    quantkit.quantize(folder, recipe, calibration=calib, workdir=workdir)
+    quantkit.quantize(folder, recipe, calib, quantkit.ConvertOptions(workdir=workdir))
     print(f"batch_tokens {a.batch_tokens} threads {a.threads} samples {a.samples}: "
           f"{time.perf_counter() - t0:.1f} s wall, {time.process_time() - c0:.1f} s CPU, "
           f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024} MB")

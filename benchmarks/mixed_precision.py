@@ -47,7 +47,7 @@ def main() -> None:
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
     from quantkit.recipe import load_recipe
-    from quantkit.sensitivity import Sensitivity
+    from quantkit.sensitivity import SearchOptions, Sensitivity
     from quantkit.sensitivity.apply import planned_recipe
     from quantkit.sensitivity.planner import edge_layers, plan, uniform
     from sensitivity import model_dir
@@ -67,7 +67,7 @@ def main() -> None:
     else:
         c0 = time.process_time()
         tokens = {} if args.tokens is None else {"tokens": args.tokens}
-        sens = quantkit.api.sensitivity(folder, recipe, log=say, **tokens)
+        sens = quantkit.api.sensitivity(folder, recipe, options=SearchOptions(**tokens), log=say)
         out["search_cpu_s"] = time.process_time() - c0
         if args.save_sensitivity:
             sens.save(args.save_sensitivity)
@@ -90,7 +90,8 @@ def main() -> None:
             continue
         with tempfile.TemporaryDirectory(dir=Path(__file__).resolve().parent.parent / ".cache") as tmp:
             c0, t0 = time.process_time(), time.perf_counter()
-            q = quantkit.quantize(folder, planned_recipe(recipe, sens, p), out=Path(tmp) / "ckpt", log=say)
+            q = quantkit.quantize(folder, planned_recipe(recipe, sens, p),
+                                  options=quantkit.ConvertOptions(out=Path(tmp) / "ckpt", log=say))
             path = q.save()
             row["convert_cpu_s"], row["convert_wall_s"] = time.process_time() - c0, time.perf_counter() - t0
             row["checkpoint_bytes"] = q.result.bytes_after

@@ -52,7 +52,7 @@ def main() -> None:
     api.run_keys = timed_keys
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         t0 = time.perf_counter()
-        q = quantkit.quantize(args.model, args.recipe, args.calib, out=Path(tmp) / "out")
+        q = quantkit.quantize(args.model, args.recipe, args.calib, quantkit.ConvertOptions(out=Path(tmp) / "out"))
         total = time.perf_counter() - t0
         q.save()
     row = {"recipe": args.recipe, "total_s": round(total, 2), "commit_s": round(spent["commit"], 3),

@@ -78,7 +78,7 @@ def main() -> None:
     import torch
 
     import quantkit
-    from quantkit.sensitivity import Sensitivity
+    from quantkit.sensitivity import SearchOptions, Sensitivity
     from quantkit.sensitivity.search import agreement
 
     folder = model_dir(args.model)
@@ -91,10 +91,10 @@ def main() -> None:
         calibration, out["disjoint"] = disjoint_samples(folder, args, first)
     for tokens in (int(t) for t in args.tokens.split(",")):
         for labels in args.labels.split(","):
-            s = quantkit.api.sensitivity(folder, args.recipe, calibration, tokens=tokens, labels=labels,
-                                         exact_units=args.exact_units if first is None else 0,
-                                         exact_candidates=args.exact_candidates.split(","),
-                                         exact_tokens=args.exact_tokens, log=lambda m: print(m, file=sys.stderr))
+            options = SearchOptions(tokens=tokens, labels=labels, exact_units=args.exact_units if first is None else 0,
+                                    exact_candidates=args.exact_candidates.split(","), exact_tokens=args.exact_tokens)
+            s = quantkit.api.sensitivity(folder, args.recipe, calibration, options=options,
+                                         log=lambda m: print(m, file=sys.stderr))
             if first is None:
                 first = s
                 if args.save:

@@ -90,7 +90,7 @@ def main() -> None:
     print(line("before"), flush=True)
     with tempfile.TemporaryDirectory() as work:
         try:
-            quantkit.quantize(folder, recipe, calibration=calib, workdir=work)
+            quantkit.quantize(folder, recipe, calib, quantkit.ConvertOptions(workdir=work))
         except _Stop:
             pass
 

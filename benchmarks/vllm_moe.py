@@ -106,7 +106,8 @@ def main() -> int:
         for scheme in args.schemes:
             out = work / f"{arch}-{scheme}{'-kept' if args.ignore else ''}"
             shutil.rmtree(out, ignore_errors=True)
-            q = quantkit.quantize(src, {"scheme": scheme, "ignore": ["lm_head", *args.ignore]}, log=print)
+            q = quantkit.quantize(src, {"scheme": scheme, "ignore": ["lm_head", *args.ignore]},
+                                  options=quantkit.ConvertOptions(log=print))
             folders.append(q.save(out))
     if args.no_checkpoints:
         return int(failed > 0)

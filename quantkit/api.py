@@ -1,11 +1,12 @@
-"""The Python API: ``quantize(model_or_path, recipe, calibration=None) -> QuantizedModel``.
+"""The Python API: ``quantize(model_or_path, recipe, calibration=None, options=None) -> QuantizedModel``.
 
 Example:
     >>> import quantkit
     >>> q = quantkit.quantize("path/to/hf-model", "w4a16-g64")                        # doctest: +SKIP
     >>> q.save("out/model-w4a16")                                                    # doctest: +SKIP
     >>> model = quantkit.load("out/model-w4a16")                                     # doctest: +SKIP
-    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-gptq", "calib/", out="out/m", resume=True)  # doctest: +SKIP
+    >>> opts = quantkit.ConvertOptions(out="out/m", resume=True)                        # doctest: +SKIP
+    >>> q = quantkit.quantize("path/to/hf-model", "w4a16-gptq", "calib/", opts)          # doctest: +SKIP
     >>> q.save()                                       # continues a killed run of out/m, if any  # doctest: +SKIP
 """
 
@@ -17,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -32,13 +33,15 @@ from .formats.compressed_tensors import group_for, matches
 from .formats.writer import DiscardWriter, ShardWriter, move_into_place
 from .kv_cache.long_rows import long_rows
 from .outputs import OutputPolicy, existing_path
-from .pipeline import PipelineResult, run_pipeline
+from .pipeline import PipelineResult, RunOptions, run_pipeline
 from .pipeline.layout import check_checkpoint
 from .pipeline.resume import RunBook, open_run, run_keys
 from .recipe import CalibrationSettings, Recipe, load_recipe
-from .sensitivity.settings import DEFAULT_TOKENS
 from .model_folder import copy_side_files, read_config_json
 from .source import SafetensorsSource, StateDictSource
+
+if TYPE_CHECKING:
+    from .sensitivity.search import SearchOptions
 
 _logger = logging.getLogger("quantkit")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -212,144 +215,246 @@ class ConversionInterrupted(KeyboardInterrupt):
         self.folder, self.layers_done, self.num_layers = folder, layers_done, num_layers
 
 
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How ``quantize`` runs, beside what it converts (the model, the recipe, the calibration data).
+
+    ``ignore``: more modules kept in high precision (names or ``re:`` patterns, as ``--ignore``);
+    each must match a Linear module. ``workdir``: where the staging folder goes (default: beside
+    ``out``, else the system's temporary folder). ``out``: the folder the checkpoint is for
+    (``save()``'s default); with it each finished layer is recorded, and ``resume=True`` continues
+    a killed run of ``out``. ``device``: where the per-layer work runs (``cpu``, ``cuda``,
+    ``cuda:N``). ``progress(iterable, total)`` wraps the layer loop; ``log`` receives progress and
+    ``warning: ...`` lines (without it, warnings go to the ``quantkit`` logger).
+
+    >>> ConvertOptions(ignore=["lm_head"], device="cpu").ignore
+    ('lm_head',)
+    >>> ConvertOptions(ignore="lm_head")
+    Traceback (most recent call last):
+    quantkit.errors.QuantkitError: ignore: a list of module names or 're:' patterns, got the string 'lm_head'
+    """
+
+    ignore: Sequence[str] = ()
+    workdir: str | Path | None = None
+    out: str | Path | None = None
+    resume: bool = False
+    device: str = "cpu"
+    progress: Callable | None = None
+    log: Callable[[str], None] | None = None
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ignore, str):
+            raise QuantkitError(f"ignore: a list of module names or 're:' patterns, got the string {self.ignore!r}")
+        object.__setattr__(self, "ignore", tuple(self.ignore))
+        for key in ("resume", "trust_remote_code"):
+            if not isinstance(getattr(self, key), bool):
+                raise QuantkitError(f"{key}: must be true or false, got {getattr(self, key)!r}")
+        check_device(self.device)
+
+
 def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recipe | dict | None" = None,
-             calibration: "str | Path | Sequence | None" = None, *, ignore: Sequence[str] = (),
-             workdir: str | Path | None = None, out: str | Path | None = None, resume: bool = False,
-             device: str = "cpu", progress: Callable | None = None,
-             log: Callable | None = None, trust_remote_code: bool = False) -> QuantizedModel:
+             calibration: "str | Path | Sequence | None" = None,
+             options: ConvertOptions | None = None) -> QuantizedModel:
     """Quantize a model layer by layer into a compressed-tensors checkpoint.
 
     ``model`` is a local Hugging Face folder, an in-memory transformers model, or ``None`` for the
     embedded default (SmolLM2-135M-Instruct). ``recipe`` is a Recipe, a YAML path, a shipped
     recipe name (``recipes/``) or a preset name. ``calibration`` is a path (sampler output
     folder, JSONL/CSV/Parquet log, text file), a list of texts or a list of token-id lists;
-    it is used only when the recipe needs data. ``ignore`` keeps more modules in high
-    precision (names or ``re:`` patterns, as ``--ignore``): each must match a Linear module.
+    it is used only when the recipe needs data. ``options``: how it runs (``ConvertOptions``).
 
     What does not stop the run but should be known (malformed calibration rows skipped under
     the limit, calibration given to a recipe that takes none, a recipe ``ignore`` entry that
-    matches nothing) goes to ``log`` as a ``warning: ...`` line (to the ``quantkit`` logger
-    without one) and into ``quantization_log.json`` under ``warnings``.
+    matches nothing) goes to ``options.log`` as a ``warning: ...`` line (to the ``quantkit``
+    logger without one) and into ``quantization_log.json`` under ``warnings``.
 
-    ``out``: the folder the checkpoint is for (``save()``'s default). The staging folder then
-    goes beside it (or in ``workdir``) and records each finished layer, so that a killed run
-    can be continued: the same call with ``resume=True`` starts from its last complete layer
-    and gives the bytes an uninterrupted run gives (``pipeline/resume.py``); when the model,
-    recipe, calibration set or quantkit differ it starts afresh with a warning saying why.
-    Dead runs' staging folders for ``out`` are removed (or continued), live ones never touched.
-    Interrupted (KeyboardInterrupt) once a layer is done, it keeps the staging folder and
-    raises ``ConversionInterrupted``; any other failure removes it.
+    With ``options.out`` the staging folder goes beside it (or in ``workdir``) and records each
+    finished layer, so that a killed run can be continued: the same call with ``resume=True``
+    starts from its last complete layer and gives the bytes an uninterrupted run gives
+    (``pipeline/resume.py``); when the model, recipe, calibration set or quantkit differ it
+    starts afresh with a warning saying why. Dead runs' staging folders for ``out`` are removed
+    (or continued), live ones never touched. Interrupted (KeyboardInterrupt) once a layer is
+    done, it keeps the staging folder and raises ``ConversionInterrupted``; any other failure
+    removes it.
 
     In a ``torch.distributed`` process group (``quantkit.distributed.initialize`` under
     torchrun) the calibration is data-parallel: each rank runs its share of the batches and
     the statistics are merged; rank 0 writes, the others' results cannot be saved.
     """
-    warnings: list[str] = []
+    options = options if options is not None else ConvertOptions()
+    resolved = load_recipe(recipe)
+    return convert(model, resolved, calibration, options, conversion_inputs(model, resolved, recipe, calibration))
 
-    def warn(message: str) -> None:
-        warnings.append(message)
-        if log is not None:
-            log(f"warning: {message}")
+
+def convert(model: "str | Path | nn.Module | None", recipe: Recipe, calibration: "str | Path | Sequence | None",
+            options: ConvertOptions, inputs: dict[str, Path | None]) -> QuantizedModel:
+    """``quantize`` for a recipe already resolved, and ``inputs`` (``conversion_inputs``): what the
+    output may overlap none of, as the caller named them (the command line: the recipe file too)."""
+    job = _Conversion(model, recipe.with_overrides(ignore=list(options.ignore)), calibration, options, inputs)
+    _check_request(job)
+    job.config, job.source, job.folder = resolve_model(model, options.trust_remote_code)
+    kept = kept_patterns(job.config)   # e.g. Qwen2-MoE's shared-expert gates: never quantized
+    if kept:
+        job.recipe = job.recipe.with_overrides(ignore=kept)
+    try:
+        plan_source = _check_model(job)
+        _resolve_samples(job, plan_source)
+        _plan(job, plan_source)
+        result = _write_checkpoint(job)
+    finally:
+        job.source.close()
+    return QuantizedModel(result, job.recipe, warnings=job.warnings, out=job.out, inputs=inputs)
+
+
+@dataclass
+class _Conversion:
+    """One conversion as it proceeds: the model resolved, the recipe as it will run, the data drawn."""
+
+    model: Any
+    recipe: Recipe
+    calibration: Any
+    options: ConvertOptions
+    inputs: dict[str, Path | None]
+    warnings: list[str] = field(default_factory=list)   # also in quantization_log.json
+    config: Any = None
+    source: Any = None
+    folder: Path | None = None
+    samples: list[list[int]] | None = None
+    drawn: dict = field(default_factory=dict)   # the drawn set's source and content hashes, for the log
+    planned: tuple | None = None                # a mixed recipe's (Sensitivity, Plan)
+
+    @property
+    def out(self) -> Path | None:
+        return Path(self.options.out) if self.options.out is not None else None
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+        if self.options.log is not None:
+            self.options.log(f"warning: {message}")
         else:
             _logger.warning(message)
 
-    check_device(device)
-    recipe_arg, recipe = recipe, load_recipe(recipe).with_overrides(ignore=list(ignore))
-    inputs = conversion_inputs(model, recipe, recipe_arg, calibration)
-    if out is not None and distributed.is_writer():
-        OutputPolicy("convert", inputs, flag="out").check(Path(out), overwrite=True)   # save() checks the rest
-    if distributed.world_size() > 1:
-        distributed.check_data_parallel(recipe, resume)
-    if resume and out is None:
-        raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
-    config, source, folder = resolve_model(model, trust_remote_code)
-    kept = kept_patterns(config)   # e.g. Qwen2-MoE's shared-expert gates: never quantized
-    if kept:
-        recipe = recipe.with_overrides(ignore=kept)
-    try:
-        config_file = str(folder / "config.json") if isinstance(source, SafetensorsSource) else "the model's config"
-        check_checkpoint(config, source, config_file, warn)
-        check_modules(config, recipe, ignore, warn)
-        plan_source = None
-        if recipe.mixed is not None:
-            from .sensitivity.mixed import check_mixed, plan_recipe
 
-            plan_source = check_mixed(recipe, config)
-        samples = None
-        drawn: dict = {}   # the drawn set's source and content hashes, for the checkpoint's log
-        # a sensitivity search scores calibration text even for a recipe that takes none
-        searching = recipe.mixed is not None and isinstance(plan_source, list)
-        if recipe.needs_calibration or searching:
-            check_calibration_size(recipe, config)
-            samples = resolve_calibration(calibration, recipe, folder, warn, record=drawn)
-            kv = recipe.kv_cache
-            if kv is not None and kv.long_rows:
-                origin = calibration if calibration is not None else recipe.calibration.dataset
-                samples = samples + long_rows(origin, kv.long_rows, kv.long_len, lambda: _tokenizer(folder), warn)
-        elif calibration is not None:
-            warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
+def _check_request(job: _Conversion) -> None:
+    """What the call asks for, before the model is read: the output, the ranks, the resume."""
+    options = job.options
+    if options.out is not None and distributed.is_writer():
+        OutputPolicy("convert", job.inputs, flag="out").check(Path(options.out), overwrite=True)   # save() checks the rest
+    if distributed.world_size() > 1:
+        distributed.check_data_parallel(job.recipe, options.resume)
+    if options.resume and options.out is None:
+        raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
+
+
+def _check_model(job: _Conversion):
+    """The checkpoint and the recipe against the model; a mixed recipe's plan source (its
+    sensitivity data, or the candidates to search), else None."""
+    config_file = str(job.folder / "config.json") if isinstance(job.source, SafetensorsSource) else "the model's config"
+    check_checkpoint(job.config, job.source, config_file, job.warn)
+    check_modules(job.config, job.recipe, job.options.ignore, job.warn)
+    if job.recipe.mixed is None:
+        return None
+    from .sensitivity.mixed import check_mixed
+
+    return check_mixed(job.recipe, job.config)
+
+
+def _resolve_samples(job: _Conversion, plan_source) -> None:
+    """The calibration set, when the recipe needs one (a sensitivity search scores calibration
+    text even for a recipe that takes none); otherwise a warning if one was given."""
+    recipe = job.recipe
+    searching = recipe.mixed is not None and isinstance(plan_source, list)
+    if recipe.needs_calibration or searching:
+        check_calibration_size(recipe, job.config)
+        job.samples = resolve_calibration(job.calibration, recipe, job.folder, job.warn, record=job.drawn)
+        kv = recipe.kv_cache
+        if kv is not None and kv.long_rows:
+            origin = job.calibration if job.calibration is not None else recipe.calibration.dataset
+            job.samples = job.samples + long_rows(origin, kv.long_rows, kv.long_len, lambda: _tokenizer(job.folder),
+                                                  job.warn)
+    elif job.calibration is not None:
+        job.warn(f"--calib: recipe '{recipe.name}' takes no calibration data (steps: "
                  f"{', '.join(s.name for s in recipe.steps)}; no static activation scales); not used")
-        planned = None
-        if recipe.mixed is not None:
-            recipe, *planned = plan_recipe(recipe, config, plan_source, samples,
-                                           lambda: _float_model_of(model, folder, trust_remote_code), log or _logger.info)
-            check_modules(config, recipe, (), lambda _: None, planned=True)   # the planned groups' widths (warned once above)
-        book: RunBook | None = None
-        writes = distributed.is_writer()
-        if not writes:
-            tmp = None   # a data-parallel rank other than 0: it computes with the others, writes nothing
-        elif out is not None:
-            out = Path(out)
-            book = open_run(Path(workdir) if workdir is not None else out.parent, out,
-                            run_keys(recipe, config, source, samples, device), resume,
-                            recipe.calibration.offload, say=log or _stderr, warn=warn)
-            tmp = book.folder
-        else:
-            tmp = staging.make_folder(Path(workdir) if workdir is not None else Path(tempfile.gettempdir()))
-        writer = ShardWriter(max_shard_size=recipe.output.max_shard_size, folder=tmp) if writes else DiscardWriter()
-        try:
-            result = run_pipeline(config, source, recipe, samples, writer, device=device, progress=progress, log=log,
-                                  book=book, warn=warn)
-            if not writes:
-                writer.abort()
-                return QuantizedModel(result, recipe, warnings=warnings, out=out, inputs=inputs)
-            copy_side_files(folder, writer.tmp)
-            if planned:
-                _write_plan(writer, *planned)
-            _record_log(writer, warnings, drawn)
-            shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
-        except KeyboardInterrupt:
-            # several ranks are never resumed (check_data_parallel): nothing worth keeping
-            if book is not None and book.layers_done > 0 and distributed.world_size() == 1:
-                raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
+
+
+def _plan(job: _Conversion, plan_source) -> None:
+    """A mixed recipe's groups planned under its budget (the planned groups' widths checked)."""
+    if job.recipe.mixed is None:
+        return
+    from .sensitivity.mixed import plan_recipe
+
+    trust = job.options.trust_remote_code
+    job.recipe, *planned = plan_recipe(job.recipe, job.config, plan_source, job.samples,
+                                       lambda: _float_model_of(job.model, job.folder, trust),
+                                       job.options.log or _logger.info)
+    job.planned = tuple(planned)
+    check_modules(job.config, job.recipe, (), lambda _: None, planned=True)   # the ignore entries were warned above
+
+
+def _write_checkpoint(job: _Conversion) -> PipelineResult:
+    """The layer loop into a staging folder, then the side files and the log beside its shards."""
+    book, writer = _open_writer(job)
+    options = job.options
+    try:
+        result = run_pipeline(job.config, job.source, job.recipe, job.samples, writer,
+                              RunOptions(options.device, options.progress, options.log, job.warn, book))
+        if not distributed.is_writer():
             writer.abort()
-            raise
-        except BaseException as e:
-            writer.abort()
-            if is_disk_full(e):   # the other writers (parked activations, resume records, JSON)
-                raise disk_full_error(writer.tmp.parent, None, "writing the checkpoint") from None
-            raise
-    finally:
-        source.close()
-    return QuantizedModel(result, recipe, warnings=warnings, out=out, inputs=inputs)
+            return result
+        copy_side_files(job.folder, writer.tmp)
+        if job.planned:
+            _write_plan(writer, *job.planned)
+        _record_log(writer, job.warnings, job.drawn)
+        shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
+    except KeyboardInterrupt:
+        # several ranks are never resumed (check_data_parallel): nothing worth keeping
+        if book is not None and book.layers_done > 0 and distributed.world_size() == 1:
+            raise ConversionInterrupted(writer.tmp, book.layers_done, book.last.num_layers) from None
+        writer.abort()
+        raise
+    except BaseException as e:
+        writer.abort()
+        if is_disk_full(e):   # the other writers (parked activations, resume records, JSON)
+            raise disk_full_error(writer.tmp.parent, None, "writing the checkpoint") from None
+        raise
+    return result
+
+
+def _open_writer(job: _Conversion) -> tuple[RunBook | None, ShardWriter]:
+    """The staging folder's writer (with ``out``, one that records each layer for a resume); a
+    data-parallel rank other than 0 computes with the others and writes nothing."""
+    if not distributed.is_writer():
+        return None, DiscardWriter()
+    options, book = job.options, None
+    workdir = Path(options.workdir) if options.workdir is not None else None
+    if job.out is not None:
+        book = open_run(workdir if workdir is not None else job.out.parent, job.out,
+                        run_keys(job.recipe, job.config, job.source, job.samples, options.device), options.resume,
+                        job.recipe.calibration.offload, say=options.log or _stderr, warn=job.warn)
+        tmp = book.folder
+    else:
+        tmp = staging.make_folder(workdir if workdir is not None else Path(tempfile.gettempdir()))
+    return book, ShardWriter(max_shard_size=job.recipe.output.max_shard_size, folder=tmp)
 
 
 def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Path | Recipe | dict | None" = None,
                 calibration: "str | Path | Sequence | None" = None, *, candidates: "Sequence | None" = None,
-                tokens: int = DEFAULT_TOKENS, labels: str = "sampled", exact_units: int = 0,
-                exact_candidates: "list[str] | None" = None, exact_tokens: int = 2048,
-                log: Callable | None = None, trust_remote_code: bool = False):
+                options: "SearchOptions | None" = None, log: Callable | None = None,
+                trust_remote_code: bool = False):
     """Score every unit of the model's decoder layers in every candidate format (``Sensitivity``).
 
     The recipe says which linears are quantized and, through its one config group's weights,
     the range observer and activation order each candidate inherits; ``candidates`` are names
     from ``quantkit.sensitivity.CANDIDATES`` or ``{name, weights}`` mappings (default: all).
+    ``options``: the tokens scored on, the labels, the exact measurements (``SearchOptions``).
 
     Example:
         >>> s = quantkit.sensitivity(None, "w4a16-g64-gptq")        # doctest: +SKIP
         >>> s.ranking("W4_G64")[:3]                                 # the most damaged units  # doctest: +SKIP
     """
-    from .sensitivity import candidates_from, sensitivity_search
+    from .sensitivity import candidates_from
+    from .sensitivity.search import SearchOptions, sensitivity_search
 
     recipe = load_recipe(recipe)
     groups = list(recipe.groups.values())
@@ -362,9 +467,7 @@ def sensitivity(model: "str | Path | nn.Module | None" = None, recipe: "str | Pa
     finally:
         source.close()
     return sensitivity_search(_float_model_of(model, folder, trust_remote_code), config, recipe, samples, cands,
-                              tokens=tokens, labels=labels,
-                              exact_units=exact_units, exact_candidates=exact_candidates,
-                              exact_tokens=exact_tokens, log=log)
+                              options if options is not None else SearchOptions(), log=log)
 
 
 def _write_plan(writer: ShardWriter, sens, plan) -> None:

@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
@@ -73,6 +74,8 @@ def convert(
                                         "calibration batches, statistics are all-reduced, rank 0 writes."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
+    flags = ConvertFlags(model, recipe, out, calib, group_size, ignore or [], num_samples, max_seq_len, overwrite,
+                         resume, device, budget, sensitivity, no_eval, trust_remote_code, nproc)
     terminated: list[int] = []
 
     def on_sigterm(signum, frame):   # cleans up as Ctrl-C does
@@ -84,62 +87,7 @@ def convert(
     except ValueError:   # not the main thread (an embedding application): leave its handler
         previous = None
     try:
-        # the flags and the recipe are checked before the pipeline's modules (transformers) load:
-        # a refused command answers in about the time Python takes to import torch
-        from .evaluation.section import check_eval_section
-        from .recipe import load_recipe
-        from . import distributed
-
-        ranks = distributed.parse_nproc(nproc, device)
-        launched = distributed.launched_ranks()
-        if ranks is not None and launched > 1 and ranks != launched:
-            raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
-        # every recipe key, the eval: section included, is checked before any work
-        go = budget is not None and budget.strip().lower() == "go"
-        r = load_recipe(recipe, check_eval=check_eval_section).with_overrides(
-            group_size, None, num_samples, max_seq_len, calib, budget_bits=None if go else _budget(budget),
-            sensitivity=sensitivity, smallest_go=go)
-        go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
-        from .api import conversion_inputs, quantize
-        from .formats.writer import prepare_output
-
-        model_name = Path(model).name if model else "smollm2-135m-instruct"
-        out = out or Path("out") / f"{model_name}-{r.name}"
-        device = distributed.initialize(device)   # joins torchrun's process group, if it started this one
-        writes = distributed.is_writer()
-        if writes:
-            prepare_output(out, overwrite, OutputPolicy("convert", conversion_inputs(model, r, recipe, calib)))
-        if ranks is not None and ranks > 1 and launched == 1:
-            _launch(ranks, out)   # the ranks check and convert again; this process only waits
-        banner = (f"quantkit convert: {model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
-                  f"[recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]")
-
-        def progress(iterable, total):
-            # printed once the model, recipe and data are checked: a bad input's stderr is its error line
-            typer.echo(banner, err=True)
-            return _progress(iterable, total)
-
-        say = lambda line: typer.echo(line, err=True)   # noqa: E731
-        if not writes:   # the others compute with rank 0 and say nothing
-            progress, say = None, lambda line: None   # noqa: E731
-        if go:
-            q = _smallest_go(model, r, calib, out, no_eval, resume, ignore, device, progress, say, trust_remote_code)
-        else:
-            q = quantize(model, r, calib, ignore=ignore or (), workdir=out.parent, out=out, resume=resume,
-                         device=device, progress=progress, log=say, trust_remote_code=trust_remote_code)
-        if not writes:
-            return
-        path = q.save(out, overwrite=overwrite)
-        s = q.summary()
-        typer.echo(
-            f"done: {s['quantized_modules']} modules in {s['layers']} layers {s['formats']}; "
-            f"{_human(s['bytes_before'])} -> {_human(s['bytes_after'])} ({s['ratio']:.2f}x smaller); "
-            f"{s['seconds']:.1f} s; peak memory {_human(s['peak_rss_bytes'])}; written to {path}"
-        )
-        if go:
-            _say_smallest_go(path)
-        elif not no_eval:
-            _maybe_eval(model, path, r, calib)
+        _convert(flags)
     except QuantkitError as e:
         _fail(str(e))
     except KeyboardInterrupt as e:
@@ -149,6 +97,104 @@ def convert(
             signal.signal(signal.SIGTERM, previous)
         from . import distributed
         distributed.shutdown()
+
+
+@dataclass(frozen=True)
+class ConvertFlags:
+    """``quantkit convert``'s command line, as given."""
+
+    model: str | None
+    recipe: str
+    out: Path | None
+    calib: str | None
+    group_size: int | None
+    ignore: list[str]
+    num_samples: int | None
+    max_seq_len: int | None
+    overwrite: bool
+    resume: bool
+    device: str
+    budget: str | None
+    sensitivity: str | None
+    no_eval: bool
+    trust_remote_code: bool
+    nproc: str | None
+
+
+def _convert(f: ConvertFlags) -> None:
+    """Check the flags and the recipe, prepare the output, convert (or search the smallest GO
+    plan), save, say what was written, evaluate."""
+    # the flags and the recipe are checked before the pipeline's modules (transformers) load:
+    # a refused command answers in about the time Python takes to import torch
+    from . import distributed
+
+    ranks = distributed.parse_nproc(f.nproc, f.device)
+    launched = distributed.launched_ranks()
+    if ranks is not None and launched > 1 and ranks != launched:
+        raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
+    r = _convert_recipe(f)
+    go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
+    from . import api
+    from .formats.writer import prepare_output
+
+    model_name = Path(f.model).name if f.model else "smollm2-135m-instruct"
+    out = f.out or Path("out") / f"{model_name}-{r.name}"
+    device = distributed.initialize(f.device)   # joins torchrun's process group, if it started this one
+    writes = distributed.is_writer()
+    inputs = api.conversion_inputs(f.model, r, f.recipe, f.calib)
+    if writes:
+        prepare_output(out, f.overwrite, OutputPolicy("convert", inputs))
+    if ranks is not None and ranks > 1 and launched == 1:
+        _launch(ranks, out)   # the ranks check and convert again; this process only waits
+    progress, say = _reporters(f, r, out, writes)
+    if go:
+        q = _smallest_go(f, r, out, device, progress, say)
+    else:
+        options = api.ConvertOptions(f.ignore, out.parent, out, f.resume, device, progress, say, f.trust_remote_code)
+        q = api.convert(f.model, r, f.calib, options, inputs)
+    if not writes:
+        return
+    path = q.save(out, overwrite=f.overwrite)
+    _say_done(q.summary(), path)
+    if go:
+        _say_smallest_go(path)
+    elif not f.no_eval:
+        _maybe_eval(f.model, path, r, f.calib)
+
+
+def _convert_recipe(f: ConvertFlags):
+    """The recipe with the flags' overrides; every key, the eval: section included, checked."""
+    from .evaluation.section import check_eval_section
+    from .recipe import load_recipe
+
+    go = f.budget is not None and f.budget.strip().lower() == "go"
+    return load_recipe(f.recipe, check_eval=check_eval_section).with_overrides(
+        f.group_size, None, f.num_samples, f.max_seq_len, f.calib, budget_bits=None if go else _budget(f.budget),
+        sensitivity=f.sensitivity, smallest_go=go)
+
+
+def _reporters(f: ConvertFlags, r, out: Path, writes: bool):
+    """The layer loop's progress bar (after a banner) and the log lines, both on stderr; a rank
+    other than 0 computes with rank 0 and says nothing."""
+    if not writes:
+        return None, lambda line: None
+    banner = (f"quantkit convert: {f.model or 'embedded default (SmolLM2-135M-Instruct)'} -> {out} "
+              f"[recipe {r.name}, steps {' -> '.join(st.name for st in r.steps)}]")
+
+    def progress(iterable, total):
+        # printed once the model, recipe and data are checked: a bad input's stderr is its error line
+        typer.echo(banner, err=True)
+        return _progress(iterable, total)
+
+    return progress, lambda line: typer.echo(line, err=True)
+
+
+def _say_done(s: dict, path: Path) -> None:
+    typer.echo(
+        f"done: {s['quantized_modules']} modules in {s['layers']} layers {s['formats']}; "
+        f"{_human(s['bytes_before'])} -> {_human(s['bytes_after'])} ({s['ratio']:.2f}x smaller); "
+        f"{s['seconds']:.1f} s; peak memory {_human(s['peak_rss_bytes'])}; written to {path}"
+    )
 
 
 def _launch(nproc: int, out: Path) -> None:
@@ -189,27 +235,23 @@ def _budget(text: str | None) -> float | None:
         raise QuantkitError(f"--budget: expected bits per weight (e.g. 4.5) or 'go', got {text!r}") from None
 
 
-def _smallest_go(model, r, calib, out: Path, no_eval: bool, resume: bool, ignore, device: str, progress, say,
-                 trust_remote_code: bool):
+def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
     """``--budget go``: plans converted and evaluated until the smallest GO is found (smallest_go.py)."""
-    from functools import partial
-
-    from .api import quantize
+    from .api import ConvertOptions
     from .evaluation import evaluate_checkpoint
     from .sensitivity.smallest_go import RESULT_FILE, smallest_go
 
-    if no_eval:
+    if f.no_eval:
         raise QuantkitError("--budget go: needs the evaluation (it decides which plan is GO); drop --no-eval")
-    if resume:
+    if f.resume:
         raise QuantkitError("--budget go: --resume continues one conversion, not a search; drop --resume")
 
     def verdict(folder: Path) -> str:
-        report = evaluate_checkpoint(model, folder, r, calib)
+        report = evaluate_checkpoint(f.model, folder, r, f.calib)
         return json.loads((report / "report.json").read_text(encoding="utf-8"))["decision"]
 
-    convert = partial(quantize, ignore=ignore or (), device=device, progress=progress,
-                      trust_remote_code=trust_remote_code)
-    q, search = smallest_go(model, r, calib, evaluate=verdict, workdir=out.parent, log=say, convert=convert)
+    options = ConvertOptions(ignore=f.ignore, device=device, progress=progress, trust_remote_code=f.trust_remote_code)
+    q, search = smallest_go(f.model, r, f.calib, evaluate=verdict, workdir=out.parent, log=say, options=options)
     if search.found is None:
         say(f"smallest GO: no plan up to {search.high_bits:.3f} bits per weight is GO; writing the "
             f"{search.high_bits:.3f}-bit plan ({search.trials[0].decision}) and its report ({RESULT_FILE})")
@@ -308,15 +350,18 @@ def sensitivity_command(
         if tokens is None:
             tokens = MixedSettings().tokens
         check_flag(MixedSettings, "tokens", tokens, "--tokens")
+        from .recipe import load_recipe
+        from .sensitivity.search import SearchOptions
+
         policy = None
+        if out is not None and not out.parent.is_dir():
+            raise QuantkitError(f"--out: {out.parent} is not a folder")
+        r = load_recipe(recipe)
         if out is not None:
-            if not out.parent.is_dir():
-                raise QuantkitError(f"--out: {out.parent} is not a folder")
             from .api import conversion_inputs
-            from .recipe import load_recipe
-            policy = OutputPolicy("sensitivity", conversion_inputs(model, load_recipe(recipe), recipe, calib))
+            policy = OutputPolicy("sensitivity", conversion_inputs(model, r, recipe, calib))
             policy.check(out, overwrite, is_file=True)
-        s = sensitivity(model, recipe, calib, candidates=candidates, tokens=tokens, exact_units=exact_units,
+        s = sensitivity(model, r, calib, candidates=candidates, options=SearchOptions(tokens, exact_units=exact_units),
                         log=lambda line: typer.echo(line, err=True))
     except QuantkitError as e:
         _fail(str(e))

@@ -14,7 +14,7 @@ from safetensors import safe_open
 import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.pipeline import batches as pipeline_batches
-from quantkit.pipeline import runner
+from quantkit.pipeline import runner, stream
 from quantkit.pipeline.expert_stream import module_bytes, plan_stream
 from quantkit.recipe import Recipe
 
@@ -49,8 +49,8 @@ def _with(recipe: dict, **calibration) -> dict:
 
 
 def _convert(src, recipe, out, lines=None, **kw):
-    return quantkit.quantize(src, recipe, calibration=CALIB, log=(lines.append if lines is not None else None),
-                             **kw).save(out)
+    options = quantkit.ConvertOptions(log=lines.append if lines is not None else None, **kw)
+    return quantkit.quantize(src, recipe, CALIB, options).save(out)
 
 
 @pytest.mark.parametrize("arch", ["Qwen3MoeForCausalLM", "MixtralForCausalLM"])
@@ -133,8 +133,9 @@ def test_at_most_one_chunk_of_experts_is_materialised(tmp_path, monkeypatch):
             if prefix is not None and p.startswith(prefix):
                 del live[k]
 
-    monkeypatch.setattr(runner, "materialize", materialize)
-    monkeypatch.setattr(runner, "dematerialize", dematerialize)
+    for module in (runner, stream):   # the layer's onload and drop, and each chunk of experts'
+        monkeypatch.setattr(module, "materialize", materialize)
+        monkeypatch.setattr(module, "dematerialize", dematerialize)
     _convert(src, _with(RECIPES["w4a16-gptq"], layer_memory=budget), tmp_path / "q")
     assert held == [1, 2] * 4   # two layers, two chunks each
 
@@ -144,7 +145,7 @@ def test_transforms_on_a_streamed_layer_are_refused_naming_the_key(tmp_path):
     rec = {"scheme": "W4A16", "group_size": 32, "steps": ["awq", "gptq"], "calibration": {"layer_memory": 1}}
     work = tmp_path / "work"
     with pytest.raises(QuantkitError, match=r"model\.layers\.0: .*calibration\.layer_memory"):
-        quantkit.quantize(src, rec, calibration=CALIB, workdir=work)
+        quantkit.quantize(src, rec, CALIB, quantkit.ConvertOptions(workdir=work))
     assert list(work.iterdir()) == []   # the staging folder (non-layer tensors already written) is gone
 
 

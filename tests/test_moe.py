@@ -171,7 +171,7 @@ def test_all_experts_mode_reaches_every_expert_and_routed_mode_shows_the_starved
     for mode in ("all", "routed"):
         lines: list[str] = []
         rec = {**RECIPES["w4a16-gptq"], "calibration": {"moe_experts": mode, "moe_min_tokens": 8}}
-        path = quantkit.quantize(starved[arch], rec, calibration=CALIB, log=lines.append).save(tmp_path / mode)
+        path = quantkit.quantize(starved[arch], rec, CALIB, quantkit.ConvertOptions(log=lines.append)).save(tmp_path / mode)
         runs[mode] = (json.loads((path / "quantization_log.json").read_text()), lines, _tensors(path))
     real_tokens = sum(map(len, CALIB))
     log, lines, _ = runs["all"]
@@ -281,7 +281,7 @@ def test_gptq_rerunning_the_layer_per_batch_covers_the_experts_alike(starved, tm
     rec = {"scheme": "W4A16", "group_size": 32, "steps": [{"gptq": {"true_sequential": true_sequential}}],
            "calibration": {"moe_experts": "routed", "batch_tokens": 64, "moe_min_tokens": 8}}
     lines: list[str] = []
-    path = quantkit.quantize(starved["MixtralForCausalLM"], rec, calibration=CALIB, log=lines.append).save(tmp_path / "q")
+    path = quantkit.quantize(starved["MixtralForCausalLM"], rec, CALIB, quantkit.ConvertOptions(log=lines.append)).save(tmp_path / "q")
     assert any("2 batches per layer" in line and "one pass" not in line for line in lines)
     log = json.loads((path / "quantization_log.json").read_text())
     layer = "model.layers.0.block_sparse_moe.experts"
@@ -338,13 +338,13 @@ def test_offloaded_lockstep_parks_expert_inputs_and_gives_the_same_checkpoint(ar
     monkeypatch.setattr(park_mod, "MIN_PARK_BYTES", 1)        # the tiny model's tensors are small
     rec = {"scheme": "W4A16", "group_size": 32, "algorithm": "gptq", "calibration": {"moe_experts": "all"}}
     lines: list[str] = []
-    mem = quantkit.quantize(src, rec, calibration=CALIB, log=lines.append).save(tmp_path / "mem")
+    mem = quantkit.quantize(src, rec, CALIB, quantkit.ConvertOptions(log=lines.append)).save(tmp_path / "mem")
     assert any("4 batches per layer, all in one pass" in line for line in lines), lines
     parked = []
     real = passes.park_tensors
     monkeypatch.setattr(passes, "park_tensors", lambda tensors, path: parked.append(path) or real(tensors, path))
     rec["calibration"]["offload"] = True
-    disk = quantkit.quantize(src, rec, calibration=CALIB, workdir=tmp_path / "work").save(tmp_path / "disk")
+    disk = quantkit.quantize(src, rec, CALIB, quantkit.ConvertOptions(workdir=tmp_path / "work")).save(tmp_path / "disk")
     assert len(parked) >= 4 * NUM_EXPERTS * 2   # every batch waits at least at each expert's gate and down
     a, b = _tensors(mem), _tensors(disk)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -263,7 +263,7 @@ def test_gptq_batches_in_lockstep_match_one_batch(tiny_llama, tmp_path, monkeypa
     calls, lines = [], []
     forward = LlamaDecoderLayer.forward
     monkeypatch.setattr(LlamaDecoderLayer, "forward", lambda self, *a, **k: calls.append(1) or forward(self, *a, **k))
-    many = quantkit.quantize(tiny_llama, recipe, calibration=samples, log=lines.append)
+    many = quantkit.quantize(tiny_llama, recipe, samples, quantkit.ConvertOptions(log=lines.append))
     assert any("in 5 rows, 5 batches per layer, all in one pass" in line for line in lines), lines
     layers = AutoConfig.from_pretrained(tiny_llama).num_hidden_layers
     assert len(calls) == 5 * layers  # one call per batch and layer: no re-runs
@@ -313,7 +313,7 @@ def test_offloaded_lockstep_parks_paused_batches_and_gives_the_same_checkpoint(t
 
     monkeypatch.setattr(passes, "park_tensors", counting)
     recipe["calibration"] = {"offload": True}
-    disk = quantkit.quantize(tiny_llama, recipe, calibration=samples, workdir=tmp_path / "work")
+    disk = quantkit.quantize(tiny_llama, recipe, samples, quantkit.ConvertOptions(workdir=tmp_path / "work"))
     layers = AutoConfig.from_pretrained(tiny_llama).num_hidden_layers
     # q, o, gate and down wait for every batch (k/v/up confirm the stacked solve without a wait)
     assert len(emptied) == 4 * 5 * layers
@@ -329,7 +329,7 @@ def test_offloaded_activations_give_the_same_checkpoint(tiny_llama, tmp_path):
               "calibration": {"batch_tokens": 80}}
     mem = quantkit.quantize(tiny_llama, recipe, calibration=samples)
     recipe["calibration"]["offload"] = True
-    disk = quantkit.quantize(tiny_llama, recipe, calibration=samples, workdir=tmp_path / "work")
+    disk = quantkit.quantize(tiny_llama, recipe, samples, quantkit.ConvertOptions(workdir=tmp_path / "work"))
     a, b = _tensors(mem.save(tmp_path / "mem")), _tensors(disk.save(tmp_path / "disk"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # the activation files are gone, and never were in the checkpoint

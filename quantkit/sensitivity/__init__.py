@@ -11,7 +11,7 @@ from .settings import MixedSettings
 
 # The rest loads on first use: recipe.py imports this package for MixedSettings, and the
 # search imports the pipeline, which imports recipe.py.
-_LAZY = {"Sensitivity": ".data", "sensitivity_search": ".search", "DEFAULT_METHOD": ".search",
+_LAZY = {"Sensitivity": ".data", "sensitivity_search": ".search", "SearchOptions": ".search", "DEFAULT_METHOD": ".search",
          "FormatUnit": ".units", "plan_units": ".units", "Plan": ".planner", "plan": ".planner",
          "planned_recipe": ".apply"}
 

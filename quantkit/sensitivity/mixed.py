@@ -67,12 +67,12 @@ def plan_recipe(recipe: "Recipe", config, source: "Sensitivity | list", samples:
     (``check_mixed``'s result: sensitivity data, or the candidates to search now)."""
     from .apply import planned_recipe
     from .planner import plan
-    from .search import DEFAULT_METHOD, sensitivity_search
+    from .search import DEFAULT_METHOD, SearchOptions, sensitivity_search
 
     m = recipe.mixed
     if isinstance(source, list):
-        sens = sensitivity_search(float_model(), config, recipe, samples, source, tokens=m.tokens, labels=m.labels,
-                                  method=m.method or DEFAULT_METHOD, log=log)
+        options = SearchOptions(tokens=m.tokens, labels=m.labels, method=m.method or DEFAULT_METHOD)
+        sens = sensitivity_search(float_model(), config, recipe, samples, source, options, log=log)
         log(f"mixed precision: sensitivity search {sens.seconds['total']:.1f} s")
     else:
         sens = source

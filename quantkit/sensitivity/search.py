@@ -13,6 +13,7 @@ the models this machine converts, not for ones the layer loop streams from disk.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -68,30 +69,48 @@ def deltas_for(model: nn.Module, units: list[FormatUnit], cands: list[_Candidate
     return out
 
 
-def sensitivity_search(model: nn.Module, config, recipe: Recipe, samples: list[list[int]],
-                       candidates: list[_Candidate], *, tokens: int = DEFAULT_TOKENS, labels: str = "sampled",
-                       method: str = DEFAULT_METHOD, exact_units: int = 0, exact_candidates: list[str] | None = None,
-                       exact_tokens: int = 2048, seed: int = 0,
-                       log: Callable[[str], None] | None = None) -> Sensitivity:
-    """Score every unit of ``model`` (float, in memory) in every candidate format.
+@dataclass(frozen=True)
+class SearchOptions:
+    """How the sensitivity search scores: on about ``tokens`` calibration tokens, with ``labels``
+    ("sampled" from the model's own distribution, or the data's "true" next tokens), ranked by
+    ``method``. ``exact_units``: also measure this many units (spread over the depth) one at a time
+    in ``exact_candidates`` (default: every quantized candidate) on ``exact_tokens`` tokens, and
+    record the agreement.
 
-    ``exact_units``: also measure this many units (spread over the depth) one at a time in
-    ``exact_candidates`` (default: every quantized candidate), and record the agreement.
+    >>> SearchOptions(method="cubic")
+    Traceback (most recent call last):
+    ValueError: method must be one of ('diag', 'token', 'sample', 'local'), got 'cubic'
     """
-    if method not in VARIANTS:
-        raise ValueError(f"method must be one of {VARIANTS}, got {method!r}")
+
+    tokens: int = DEFAULT_TOKENS
+    labels: str = "sampled"
+    method: str = DEFAULT_METHOD
+    exact_units: int = 0
+    exact_candidates: list[str] | None = None
+    exact_tokens: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in VARIANTS:
+            raise ValueError(f"method must be one of {VARIANTS}, got {self.method!r}")
+
+
+def sensitivity_search(model: nn.Module, config, recipe: Recipe, samples: list[list[int]],
+                       candidates: list[_Candidate], options: SearchOptions = SearchOptions(),
+                       log: Callable[[str], None] | None = None) -> Sensitivity:
+    """Score every unit of ``model`` (float, in memory) in every candidate format."""
     t0, c0 = time.perf_counter(), time.process_time()
     arch, spec = arch_for(config)
     units, dtype = plan_units(config, recipe)
     model.eval()
     deltas = deltas_for(model, units, candidates)
-    chosen = subset(samples, tokens)
+    chosen = subset(samples, options.tokens)
     chunks = make_chunks(chosen, BATCH_TOKENS, packed=spec.packed_calibration)
     if log is not None:
         log(f"sensitivity: {len(units)} units x {len(candidates)} candidates, {sum(map(len, chosen))} tokens "
-            f"in {len(chunks)} batches, one forward and backward ({labels} labels)")
+            f"in {len(chunks)} batches, one forward and backward ({options.labels} labels)")
     t1 = time.perf_counter()
-    g = gradient_scores(model, deltas, chunks, labels=labels, seed=seed)
+    g = gradient_scores(model, deltas, chunks, labels=options.labels, seed=options.seed)
     t2 = time.perf_counter()
     nbytes = {u.name: {c.name: u.nbytes(c.weights, dtype) for c in candidates
                        if c.weights is None or all(fits(c.weights, i) for _, i in u.shapes)} for u in units}
@@ -100,26 +119,28 @@ def sensitivity_search(model: nn.Module, config, recipe: Recipe, samples: list[l
     sens = Sensitivity(
         model={"architecture": arch, "dtype": str(dtype).removeprefix("torch."),
                "name": str(getattr(config, "_name_or_path", "") or ""), "num_layers": len(set(u.layer for u in units))},
-        candidates={c.name: c.weights for c in candidates}, units=units, nbytes=nbytes, scores=scores, method=method,
-        calibration={"num_samples": len(chosen), "num_tokens": g.tokens, "labels": labels, "seed": seed},
+        candidates={c.name: c.weights for c in candidates}, units=units, nbytes=nbytes, scores=scores,
+        method=options.method,
+        calibration={"num_samples": len(chosen), "num_tokens": g.tokens, "labels": options.labels,
+                     "seed": options.seed},
         seconds={"prepare": round(t1 - t0, 2), "scores": round(t2 - t1, 2)},
     )
-    if exact_units > 0:
-        _measure_exact(sens, model, deltas, chosen, spec, exact_units, exact_candidates, exact_tokens, log)
+    if options.exact_units > 0:
+        _measure_exact(sens, model, deltas, chosen, spec, options, log)
     sens.seconds["total"] = round(time.perf_counter() - t0, 2)
     # CPU seconds too: on a shared machine the wall clock mostly measures the others
     sens.seconds["cpu_total"] = round(time.process_time() - c0, 2)
     return sens
 
 
-def _measure_exact(sens: Sensitivity, model, deltas, samples, spec, n_units: int, cands: list[str] | None,
-                   tokens: int, log) -> None:
+def _measure_exact(sens: Sensitivity, model, deltas, samples, spec, options: SearchOptions, log) -> None:
     t = time.perf_counter()
     quantized = [c for c, a in sens.candidates.items() if a is not None]
-    cands = quantized if cands is None else cands
+    cands = quantized if options.exact_candidates is None else options.exact_candidates
+    n_units = options.exact_units
     step = max(1, len(sens.units) // n_units)
     picked = sens.units[::step][:n_units]
-    kl = ExactKL(model, make_chunks(subset(samples, tokens), BATCH_TOKENS, packed=spec.packed_calibration))
+    kl = ExactKL(model, make_chunks(subset(samples, options.exact_tokens), BATCH_TOKENS, packed=spec.packed_calibration))
     modules = dict(model.named_modules())
     for k, u in enumerate(picked):
         for c in cands:

@@ -25,7 +25,7 @@ from ..evaluation.verdict import GO
 from ..jsonio import dumps_strict
 
 if TYPE_CHECKING:
-    from ..api import QuantizedModel
+    from ..api import ConvertOptions, QuantizedModel
     from ..recipe import Recipe
     from .data import Sensitivity
     from .settings import SmallestGo
@@ -114,21 +114,23 @@ def default_bounds(sens: "Sensitivity", candidates: list[str] | None, settings: 
 
 def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable[[Path], str],
                 workdir: Path | None = None, log: Callable[[str], None] = print,
-                convert: Callable[..., "QuantizedModel"] | None = None) -> tuple["QuantizedModel | None", GoSearch]:
+                options: "ConvertOptions | None" = None) -> tuple["QuantizedModel | None", GoSearch]:
     """Search the smallest GO plan for ``recipe`` (whose ``mixed.smallest_go`` is set).
 
     ``evaluate(checkpoint_folder) -> decision`` is the verdict (the CLI's: the recipe's eval
     section, the report written into the checkpoint's ``eval/``). Returns the checkpoint of the
     smallest GO plan, unsaved (``.save(out)`` moves it into place), with ``smallest_go.json``
-    inside, and the search; without a GO plan, the high end's checkpoint.
+    inside, and the search; without a GO plan, the high end's checkpoint. ``options``: how each
+    plan is converted (its ``workdir`` and ``log`` are this call's).
     """
     from .. import api
     from .planner import plan
+    from .search import SearchOptions
 
     m = recipe.mixed
     if m is None or m.smallest_go is None:
         raise QuantkitError(f"{recipe.origin}: mixed.smallest_go is not set (--budget go)")
-    convert = convert or api.quantize
+    convert_options = replace(options if options is not None else api.ConvertOptions(), workdir=workdir, log=log)
     names = None if m.candidates is None else [c.name for c in m.candidates]
     with tempfile.TemporaryDirectory(prefix=".quantkit-go-", dir=workdir) as tmp:
         if m.sensitivity is not None:
@@ -137,8 +139,8 @@ def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable
             sens = Sensitivity.load(sens_path)
         else:
             cands = None if m.candidates is None else [asdict(c) for c in m.candidates]
-            sens = api.sensitivity(model, recipe, calibration, candidates=cands, tokens=m.tokens,
-                                   labels=m.labels, log=log)
+            sens = api.sensitivity(model, recipe, calibration, candidates=cands,
+                                   options=SearchOptions(tokens=m.tokens, labels=m.labels), log=log)
             if m.method is not None:
                 sens.method = m.method
             sens_path = sens.save(Path(tmp) / "sensitivity.json")
@@ -161,7 +163,7 @@ def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable
                                                 sensitivity=str(sens_path)))
             log(f"smallest GO: budget {budget:.3f} bits -> plan {p.bits_per_weight:.3f} bits, predicted KL "
                 f"{p.predicted_kl:.4g}; converting")
-            q = convert(model, per, calibration, workdir=workdir, log=log)
+            q = api.quantize(model, per, calibration, convert_options)
             decision = evaluate(q.path)
             log(f"smallest GO: {p.bits_per_weight:.3f} bits per weight: {decision}")
             t = Trial(budget, round(p.bits_per_weight, 4), p.nbytes, p.predicted_kl, decision)

@@ -85,7 +85,7 @@ def test_a_run_removes_dead_runs_folders_and_leaves_live_ones(tiny_llama, tmp_pa
     legacy.mkdir()
 
     lines: list[str] = []
-    q = quantkit.quantize(tiny_llama, "w8a16", out=out, log=lines.append)
+    q = quantkit.quantize(tiny_llama, "w8a16", options=quantkit.ConvertOptions(out=out, log=lines.append))
     assert q.save() == out
     assert not dead_mine.exists() and not dead_no_manifest.exists() and not dead_anonymous.exists()
     assert all(f.exists() for f in kept.values()) and legacy.exists()
@@ -98,4 +98,4 @@ def test_a_run_removes_dead_runs_folders_and_leaves_live_ones(tiny_llama, tmp_pa
 
 def test_resume_needs_an_output_folder(tiny_llama):
     with pytest.raises(quantkit.QuantkitError, match="resume: needs out="):
-        quantkit.quantize(tiny_llama, "w8a16", resume=True)
+        quantkit.quantize(tiny_llama, "w8a16", options=quantkit.ConvertOptions(resume=True))

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from quantkit.pipeline.batches import make_chunks
 from quantkit.recipe import load_recipe
-from quantkit.sensitivity import candidates_from, sensitivity_search
+from quantkit.sensitivity import SearchOptions, candidates_from, sensitivity_search
 from quantkit.sensitivity.exact import ExactKL, substituted
 from quantkit.sensitivity import exact as exact_module
 from quantkit.sensitivity.scores import error_terms, gradient_scores, sample_ids
@@ -105,7 +105,7 @@ def test_search_predicts_the_exact_kl_and_ranks_formats(model, tiny_llama):
     recipe = load_recipe("w4a16-g64")
     cands = candidates_from(["W4_G32", "W4_G128", "W8_CHANNEL", "KEEP"], None, "c")
     s = sensitivity_search(model, AutoConfig.from_pretrained(tiny_llama), recipe, random_ids(8, 64), cands,
-                           exact_units=8, exact_candidates=["W4_G32"])
+                           SearchOptions(exact_units=8, exact_candidates=["W4_G32"]))
     assert len(s.exact) == 8
     for u in s.units:
         assert ("W4_G128" in s.nbytes[u.name]) == u.name.endswith("down_proj")   # the only input 128 wide
