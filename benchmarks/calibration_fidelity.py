@@ -181,7 +181,7 @@ def run(args) -> None:
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
-    from quantkit.models import default_model_dir
+    from quantkit.inputs.models import default_model_dir
     from quantkit.recipe import load_recipe
 
     paths = build_logs()

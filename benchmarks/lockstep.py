@@ -1,4 +1,4 @@
-"""Calibration batch size for GPTQ's one lockstep pass per layer (quantkit/interleave.py).
+"""Calibration batch size for GPTQ's one lockstep pass per layer (quantkit/pipeline/interleave.py).
 
 Runs ``quantkit.quantize`` on the embedded SmolLM2-135M with the GPTQ setting of
 benchmarks/gptq.py (W4A16 sym g64, act-order weight, mse ranges) on ``--samples`` Lee-corpus

@@ -54,7 +54,7 @@ def main() -> None:
 
     folder = model_dir(args.model)
     if folder is None:
-        from quantkit.models import default_model_dir
+        from quantkit.inputs.models import default_model_dir
         folder = default_model_dir()
     recipe = load_recipe(RECIPES[args.quantizer])
     out = {"model": args.model, "quantizer": args.quantizer, "recipe": recipe.name, "max_len": args.max_len,
@@ -67,7 +67,7 @@ def main() -> None:
     else:
         c0 = time.process_time()
         tokens = {} if args.tokens is None else {"tokens": args.tokens}
-        sens = quantkit.api.sensitivity(folder, recipe, options=SearchOptions(**tokens), log=say)
+        sens = quantkit.workflows.convert.sensitivity(folder, recipe, options=SearchOptions(**tokens), log=say)
         out["search_cpu_s"] = time.process_time() - c0
         if args.save_sensitivity:
             sens.save(args.save_sensitivity)

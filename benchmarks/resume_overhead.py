@@ -48,7 +48,7 @@ def main() -> None:
         return out
 
     resume.RunBook.commit = timed_commit
-    import quantkit.api as api
+    import quantkit.workflows.convert as api
     api.run_keys = timed_keys
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         t0 = time.perf_counter()

@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     import quantkit
-    import quantkit.interleave as interleave
+    import quantkit.pipeline.interleave as interleave
 
     sys.path.insert(0, str(HERE))
     import gptq as bench

@@ -8,14 +8,14 @@
 
 __version__ = "0.1.0"
 
-from .lazy import lazy_attributes
-from .errors import QuantkitError
+from quantkit.common.lazy import lazy_attributes
+from quantkit.errors import QuantkitError
 
 # Where each public name lives. They are imported when first used (PEP 562): the command line
 # imports this package before anything else, and a command refusing a bad flag or file should
 # not wait for torch and transformers to load first.
-_LAZY = {"quantize": ".api", "ConvertOptions": ".api", "QuantizedModel": ".api", "load": ".loader", "Recipe": ".recipe",
-         "load_recipe": ".recipe", "PRESETS": ".scheme", "QuantArgs": ".scheme", "QuantScheme": ".scheme"}
+_LAZY = {"quantize": ".api", "ConvertOptions": ".api", "QuantizedModel": ".api", "load": ".runtime.loader", "Recipe": ".recipe",
+         "load_recipe": ".recipe", "PRESETS": ".config.scheme", "QuantArgs": ".config.scheme", "QuantScheme": ".config.scheme"}
 
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -1,5 +1,5 @@
 """``python -m quantkit``: the command line (torchrun's ``-m quantkit convert ...`` starts here)."""
 
-from .cli import main
+from quantkit.cli import main
 
 main()

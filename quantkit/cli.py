@@ -15,12 +15,12 @@ import typer
 # imported, not guarded: an ImportError here is a bug or a missing dependency, and must say so
 # rather than leave the commands out of the help ("No such command"); these modules load
 # transformers only when a command runs
-from .calibration.cli import calibrate_command
-from .disk_space import disk_full_error, is_disk_full
-from .errors import QuantkitError
-from .evaluation.cli import eval_command, plan_command
-from .outputs import OutputPolicy
-from .jsonio import dumps_strict
+from quantkit.calibration.cli import calibrate_command
+from quantkit.common.disk_space import disk_full_error, is_disk_full
+from quantkit.errors import QuantkitError
+from quantkit.evaluation.cli import eval_command, plan_command
+from quantkit.common.outputs import OutputPolicy
+from quantkit.common.jsonio import dumps_strict
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Post-training quantization for LLMs: convert, inspect, calibrate, evaluate.")
@@ -95,7 +95,7 @@ def convert(
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        from . import distributed
+        from quantkit.common import distributed
         distributed.shutdown()
 
 
@@ -126,7 +126,7 @@ def _convert(f: ConvertFlags) -> None:
     plan), save, say what was written, evaluate."""
     # the flags and the recipe are checked before the pipeline's modules (transformers) load:
     # a refused command answers in about the time Python takes to import torch
-    from . import distributed
+    from quantkit.common import distributed
 
     ranks = distributed.parse_nproc(f.nproc, f.device)
     launched = distributed.launched_ranks()
@@ -134,8 +134,8 @@ def _convert(f: ConvertFlags) -> None:
         raise QuantkitError(f"--nproc: {ranks}, but torchrun started {launched} ranks; give one or the other")
     r = _convert_recipe(f)
     go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
-    from . import api
-    from .formats.writer import prepare_output
+    from quantkit.workflows import convert as api
+    from quantkit.formats.writer import prepare_output
 
     model_name = Path(f.model).name if f.model else "smollm2-135m-instruct"
     out = f.out or Path("out") / f"{model_name}-{r.name}"
@@ -164,8 +164,8 @@ def _convert(f: ConvertFlags) -> None:
 
 def _convert_recipe(f: ConvertFlags):
     """The recipe with the flags' overrides; every key, the eval: section included, checked."""
-    from .evaluation.section import check_eval_section
-    from .recipe import load_recipe
+    from quantkit.evaluation.section import check_eval_section
+    from quantkit.recipe import load_recipe
 
     go = f.budget is not None and f.budget.strip().lower() == "go"
     return load_recipe(f.recipe, check_eval=check_eval_section).with_overrides(
@@ -206,8 +206,8 @@ def _launch(nproc: int, out: Path) -> None:
     import shutil
     import tempfile
 
-    from .distributed import free_port, launch_argv
-    from .launch import remove_dead_staging, run_ranks
+    from quantkit.common.distributed import free_port, launch_argv
+    from quantkit.workflows.launch import remove_dead_staging, run_ranks
 
     # torchrun's logs and the ranks' temporary files (a rank other than 0 records its layers in a
     # private folder) live in one folder of the run's, removed however the run ends: a rank
@@ -237,9 +237,9 @@ def _budget(text: str | None) -> float | None:
 
 def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
     """``--budget go``: plans converted and evaluated until the smallest GO is found (smallest_go.py)."""
-    from .api import ConvertOptions
-    from .evaluation import evaluate_checkpoint
-    from .sensitivity.smallest_go import RESULT_FILE, smallest_go
+    from quantkit.workflows.convert import ConvertOptions
+    from quantkit.evaluation import evaluate_checkpoint
+    from quantkit.workflows.smallest_go import RESULT_FILE, smallest_go
 
     if f.no_eval:
         raise QuantkitError("--budget go: needs the evaluation (it decides which plan is GO); drop --no-eval")
@@ -259,7 +259,7 @@ def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
 
 
 def _say_smallest_go(path: Path) -> None:
-    from .sensitivity.smallest_go import RESULT_FILE
+    from quantkit.workflows.smallest_go import RESULT_FILE
 
     data = json.loads((path / RESULT_FILE).read_text(encoding="utf-8"))
     for t in data["trials"]:
@@ -277,7 +277,7 @@ def _say_smallest_go(path: Path) -> None:
 
 
 def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
-    from .api import ConversionInterrupted
+    from quantkit.workflows.convert import ConversionInterrupted
 
     if isinstance(e, ConversionInterrupted):
         typer.echo(f"interrupted ({sig.name}) after {e.layers_done} of {e.num_layers} layers; {e.folder} is kept: "
@@ -288,7 +288,7 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
 
 
 def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
-    from .evaluation import evaluate_checkpoint
+    from quantkit.evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(model, path, recipe, calib)
 
@@ -298,7 +298,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
             as_json: bool = typer.Option(False, "--json", help="Print JSON.")):
     """Show a checkpoint's scheme, per-module formats and sizes, and the kernel backend."""
     try:
-        from .checkpoint_info import inspect_checkpoint
+        from quantkit.runtime.checkpoint_info import inspect_checkpoint
 
         info = inspect_checkpoint(path)
     except QuantkitError as e:
@@ -318,7 +318,7 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     typer.echo(f"  backend: {info['backend']['cpu']} on CPU, {info['backend']['cuda']} on CUDA (override: QUANTKIT_BACKEND)")
     coverage = info["moe_coverage"]
     if coverage:
-        from .pipeline.coverage import coverage_lines
+        from quantkit.pipeline.coverage import coverage_lines
 
         for line in coverage_lines(coverage["layers"], coverage["mode"], coverage["min_tokens"]):
             typer.echo(f"  {line}")
@@ -343,22 +343,22 @@ def sensitivity_command(
 ):
     """Rank the decoder's linears by how much each candidate format damages the model's output."""
     try:
-        from .api import sensitivity
-        from .validation import check_flag
-        from .sensitivity.settings import MixedSettings
+        from quantkit.workflows.convert import sensitivity
+        from quantkit.config.validation import check_flag
+        from quantkit.config.mixed import MixedSettings
 
         if tokens is None:
             tokens = MixedSettings().tokens
         check_flag(MixedSettings, "tokens", tokens, "--tokens")
-        from .recipe import load_recipe
-        from .sensitivity.search import SearchOptions
+        from quantkit.recipe import load_recipe
+        from quantkit.sensitivity.search import SearchOptions
 
         policy = None
         if out is not None and not out.parent.is_dir():
             raise QuantkitError(f"--out: {out.parent} is not a folder")
         r = load_recipe(recipe)
         if out is not None:
-            from .api import conversion_inputs
+            from quantkit.workflows.convert import conversion_inputs
             policy = OutputPolicy("sensitivity", conversion_inputs(model, r, recipe, calib))
             policy.check(out, overwrite, is_file=True)
         s = sensitivity(model, r, calib, candidates=candidates, options=SearchOptions(tokens, exact_units=exact_units),

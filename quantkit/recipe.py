@@ -2,7 +2,7 @@
 
 A recipe names the scheme (a preset or explicit ``config_groups``), the modules kept in
 high precision, the chain of layer steps with their options, and the calibration settings.
-Every key is checked before any work starts (``quantkit/validation.py``); a bad one fails
+Every key is checked before any work starts (``quantkit/config/validation.py``); a bad one fails
 with one line naming the file and the key path, e.g.
 ``recipes/x.yaml: steps[1].gptq: unknown key 'blocksize'``.
 
@@ -31,13 +31,15 @@ from typing import Annotated, Any, Callable, Literal, Mapping, NamedTuple
 
 from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr, field_validator, model_validator
 
-from .errors import QuantkitError
-from .kv_cache import KVCacheScheme
-from .safe_yaml import load_yaml_file
-from .scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
-from .sensitivity.settings import MixedSettings
-from .sizes import size_bytes
-from .validation import build_options, check_flag, checked_options, config, invalid, parse, short, short_text
+from quantkit import quantizers, transforms  # noqa: F401  (importing them registers every step)
+from quantkit.errors import QuantkitError
+from quantkit.kv_cache import KVCacheScheme
+from quantkit.config.safe_yaml import load_yaml_file
+from quantkit.config.scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
+from quantkit.config.mixed import MixedSettings
+from quantkit.config.sizes import size_bytes
+from quantkit.config.validation import build_options, check_flag, checked_options, config, invalid, parse, short, short_text
+from quantkit.steps import ALGORITHMS
 
 RECIPE_VERSION = 1
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
@@ -55,7 +57,7 @@ def _read_size(value: Any) -> Any:
     return value
 
 
-#: A number of bytes, or a size such as "2GB" / "500MiB" in a recipe (read as quantkit/sizes.py says).
+#: A number of bytes, or a size such as "2GB" / "500MiB" in a recipe (read as quantkit/config/sizes.py says).
 ByteSize = Annotated[StrictInt, BeforeValidator(_read_size)]
 
 
@@ -242,9 +244,7 @@ class Recipe:
 
     @property
     def needs_calibration(self) -> bool:
-        from .algorithms import ALGORITHMS, ensure_registered
 
-        ensure_registered()
         static_acts = any(s.input_activations is not None and not s.input_activations.dynamic for s in self.groups.values())
         return static_acts or self.kv_cache is not None or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
 
@@ -331,9 +331,7 @@ def _entries(f: _RecipeFile) -> list[_Entry]:
 def _chain(entries: list[_Entry]) -> tuple[StepSpec, ...]:
     """Validated steps: names registered, options checked, zero or more transforms then at
     most one quantizer, last; RTN appended when there is none."""
-    from .algorithms import ALGORITHMS, ensure_registered
 
-    ensure_registered()
     steps: list[StepSpec] = []
     for e in entries:
         cls = ALGORITHMS.get(e.name)

@@ -19,6 +19,6 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from quantkit.models import default_model_dir
+    from quantkit.inputs.models import default_model_dir
 
     return default_model_dir()

@@ -1,4 +1,4 @@
-"""Data-parallel calibration (quantkit/distributed.py): 2 gloo ranks give 1 rank's checkpoint.
+"""Data-parallel calibration (quantkit/common/distributed.py): 2 gloo ranks give 1 rank's checkpoint.
 
 The tolerance (the same in benchmarks/distributed.py and docs/DESIGN.md): the ranks merge
 the same statistics in another summation order, so GPTQ sees Hessians that differ in the
@@ -31,8 +31,8 @@ from typer.testing import CliRunner
 
 from checkpoint_diff import checkpoint_difference
 from model_factory import make_llama_dir, save_byte_tokenizer
-from quantkit import distributed
-from quantkit.algorithms.gptq import accumulate_hessian
+from quantkit.common import distributed
+from quantkit.quantizers.gptq import accumulate_hessian
 from quantkit.errors import QuantkitError
 
 # share of int4 codes that may differ between 1 and 2 ranks (one step at most). On one

@@ -1,8 +1,8 @@
-"""quantkit.interleave: calibration batches in lockstep at sync points."""
+"""quantkit.pipeline.interleave: calibration batches in lockstep at sync points."""
 
 import pytest
 
-from quantkit.interleave import Interleaver
+from quantkit.pipeline.interleave import Interleaver
 
 
 def _calls(inter, log, n, keys=("k1", "k2"), first=0):

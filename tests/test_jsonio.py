@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from quantkit.jsonio import dumps_strict, finite, nonfinite_fields, nonfinite_warning
+from quantkit.common.jsonio import dumps_strict, finite, nonfinite_fields, nonfinite_warning
 
 DATA = {"modules": {"model.layers.0.q": {"sqnr_db": float("nan"), "bits": 8}},
         "rows": [1.5, float("inf"), (float("-inf"), "x")], "ok": 0.25}

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from quantkit import models
+from quantkit.inputs import models
 from quantkit.formats.staging import Owner
 
 

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 import quantkit
 from quantkit.errors import QuantkitError
-from quantkit.experts import UnfusedExperts, per_expert_state, unfuse_model
+from quantkit.arch.experts import UnfusedExperts, per_expert_state, unfuse_model
 from quantkit.formats.compressed_tensors import decompress_module, parse_quantization_config
 from quantkit.pipeline.coverage import Routing
 
@@ -293,7 +293,7 @@ def test_gptq_rerunning_the_layer_per_batch_covers_the_experts_alike(starved, tm
 def _two_rank_coverage(rank: int, world: int, port: int, src: str, out: str) -> None:
     import os
 
-    from quantkit import distributed
+    from quantkit.common import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -311,7 +311,7 @@ def test_two_ranks_count_every_ranks_tokens_in_the_coverage_table(starved, tmp_p
     """Each rank routes only its own batch; the table rank 0 writes sums both ranks' tokens."""
     import torch.multiprocessing as mp
 
-    from quantkit import distributed
+    from quantkit.common import distributed
 
     src = starved["MixtralForCausalLM"]
     # spawned: a child forked after the parent's OpenMP pool ran hung in its first parallel op

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantkit.arch import ARCHITECTURES
+from quantkit.arch.table import ARCHITECTURES
 from quantkit.pipeline import make_chunks, pack_rows
 
 from arch_configs import tiny_config

@@ -8,8 +8,8 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import quantkit
 from quantkit.formats.compressed_tensors import decompress_module
-from quantkit.modules import QuantLinear
-from quantkit.primitives import fake_quantize, quantize_weight
+from quantkit.runtime.modules import QuantLinear
+from quantkit.numerics.primitives import fake_quantize, quantize_weight
 
 from model_factory import make_llama_dir, random_ids
 
@@ -210,7 +210,7 @@ def test_static_input_scales_ignore_padding(tiny_llama, tmp_path, monkeypatch):
     """Padding tokens run through the model too: they must not move a static scale."""
     import dataclasses
 
-    from quantkit import arch
+    from quantkit.arch import table as arch
 
     samples = _varied_samples()
     packed = _tensors(quantkit.quantize(tiny_llama, {"scheme": "FP8"}, calibration=samples).save(tmp_path / "p"))

@@ -2,9 +2,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from quantkit.primitives import (FP8_MAX, calculate_qparams, dequantize, fake_quantize, quantize,
+from quantkit.numerics.primitives import (FP8_MAX, calculate_qparams, dequantize, fake_quantize, quantize,
                                  quantize_weight, sqnr_db)
-from quantkit.scheme import PRESETS, QuantArgs
+from quantkit.config.scheme import PRESETS, QuantArgs
 
 
 def _args(bits, sym, strategy, group):
@@ -75,7 +75,7 @@ def test_mse_observer_beats_minmax_at_3_bits():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("bits,symmetric", [(4, True), (4, False), (8, True), (3, False)])
 def test_mse_search_matches_the_one_candidate_at_a_time_definition(dtype, bits, symmetric):
-    from quantkit.primitives import _mse_search, _mse_search_reference
+    from quantkit.numerics.primitives import _mse_search, _mse_search_reference
 
     g = torch.Generator().manual_seed(bits)
     for rows, cols, scale in [(300, 64, 0.05), (7, 128, 1.0), (50, 1, 1e-4)]:
@@ -87,7 +87,7 @@ def test_mse_search_matches_the_one_candidate_at_a_time_definition(dtype, bits, 
 
 
 def test_mse_groups_searched_as_rows_choose_as_well_as_the_definition():
-    from quantkit.primitives import _mse_range, _mse_search_reference
+    from quantkit.numerics.primitives import _mse_range, _mse_search_reference
 
     w = torch.randn(96, 256, generator=torch.Generator().manual_seed(3)) * 0.05
     args = QuantArgs(num_bits=4, group_size=64, observer="mse")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantkit.algorithms import ALGORITHMS, Transform
+from quantkit.steps import ALGORITHMS, Transform
 from quantkit.errors import QuantkitError
 from quantkit.recipe import Recipe, StepSpec
-from quantkit.scheme import QuantArgs
+from quantkit.config.scheme import QuantArgs
 
 # (id, recipe text, the key path and message the one line must carry)
 BAD = [

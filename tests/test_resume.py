@@ -1,7 +1,7 @@
 """Killed conversions continue with --resume and give an uninterrupted run's bytes.
 
 Each run is a real `quantkit convert` process on a tiny random Llama (4 layers) that
-kills itself at a named point (``QUANTKIT_TEST_KILL_AT``, quantkit/crashpoints.py), so the
+kills itself at a named point (``QUANTKIT_TEST_KILL_AT``, quantkit/common/crashpoints.py), so the
 kill lands at the same place every time.
 """
 

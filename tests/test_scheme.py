@@ -1,7 +1,7 @@
 import pytest
 
 from quantkit.errors import QuantkitError
-from quantkit.scheme import PRESETS, QuantArgs, QuantScheme, preset
+from quantkit.config.scheme import PRESETS, QuantArgs, QuantScheme, preset
 
 
 def test_strategy_inferred():

@@ -4,7 +4,7 @@ import doctest
 
 import pytest
 
-import quantkit.sizes
+import quantkit.config.sizes
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.plan import parse_bytes
 from quantkit.recipe import Recipe
@@ -15,7 +15,7 @@ SPELLINGS = {"4096": 4096, "4096B": 4096, "60KB": 60 * 10**3, "2GB": 2 * 10**9, 
 
 
 def test_doctests():
-    assert doctest.testmod(quantkit.sizes).failed == 0
+    assert doctest.testmod(quantkit.config.sizes).failed == 0
 
 
 def _recipe_bytes(text):
@@ -24,7 +24,7 @@ def _recipe_bytes(text):
 
 @pytest.mark.parametrize("text", sorted(SPELLINGS))
 def test_recipe_and_plan_agree(text):
-    assert quantkit.sizes.size_bytes(text) == parse_bytes(text) == _recipe_bytes(text) == SPELLINGS[text]
+    assert quantkit.config.sizes.size_bytes(text) == parse_bytes(text) == _recipe_bytes(text) == SPELLINGS[text]
 
 
 @pytest.mark.parametrize("text", ["lots", "2GBs", "-1GB", "GB", "", "1e999GB", "2 G B"])

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import decompress_module
-from quantkit.modules import QuantLinear
+from quantkit.runtime.modules import QuantLinear
 
 from heldout import heldout_ids, window_perplexity
 

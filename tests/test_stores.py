@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import save_file
 
 from quantkit.pipeline.store import ArgumentStore
-from quantkit.source import SafetensorsSource
+from quantkit.inputs.source import SafetensorsSource
 
 
 def test_source_reads_every_dtype_into_memory_of_its_own(tmp_path):

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 import quantkit
-from quantkit.algorithms.transforms import fold_scales
-from quantkit.arch import ARCHITECTURES
+from quantkit.transforms.fold import fold_scales
+from quantkit.arch.table import ARCHITECTURES
 from quantkit.formats.compressed_tensors import decompress_module
 
 from arch_configs import tiny_config

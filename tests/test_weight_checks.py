@@ -9,7 +9,7 @@ from quantkit.errors import QuantkitError
 from quantkit.pipeline import finite
 from quantkit.pipeline.finite import FiniteSource, check_finite, nonfinite_counts
 from quantkit.pipeline.layout import excess_layers, layer_index, tensor_fault, unplaced
-from quantkit.source import StateDictSource
+from quantkit.inputs.source import StateDictSource
 
 
 def test_nonfinite_counts_nan_and_inf_apart_across_chunks(monkeypatch):

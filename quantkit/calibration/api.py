@@ -24,8 +24,8 @@ from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_
                                         read_output, samples_bytes, sha256, write_output)
 from quantkit.calibration.tokenizer import resolve_tokenizer
 from quantkit.errors import QuantkitError
-from quantkit.outputs import OutputPolicy, existing_path
-from quantkit.model_folder import read_config_json
+from quantkit.common.outputs import OutputPolicy, existing_path
+from quantkit.inputs.model_folder import read_config_json
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     model's; ``overrides`` are ``SamplerConfig`` fields. With ``out`` the set, manifest and
     reports are written there (atomically); an existing ``out`` is replaced only with ``overwrite``
     and only when it is an earlier calibration output, never when it holds the log being read
-    (``quantkit.outputs``).
+    (``quantkit.common.outputs``).
 
     Example:
         >>> res = calibrate("logs.jsonl", "models/my-model", num_samples=256, max_len=4096,

@@ -9,8 +9,8 @@ import html
 from typing import Any, Callable
 
 from quantkit.calibration.plots import figure_series, png_base64
-from quantkit.jsonio import dumps_strict
-from quantkit.markdown import md_code, md_row, md_text
+from quantkit.common.jsonio import dumps_strict
+from quantkit.common.markdown import md_code, md_row, md_text
 
 REPORT_FORMAT = "quantkit-calibration-report"
 REPORT_VERSION = 2

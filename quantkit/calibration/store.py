@@ -19,8 +19,8 @@ from typing import Any
 
 from quantkit.calibration.manifest import MANIFEST_FORMAT
 from quantkit.errors import QuantkitError
-from quantkit.jsonio import dumps_strict
-from quantkit.outputs import OutputPolicy, ordinary_permissions
+from quantkit.common.jsonio import dumps_strict
+from quantkit.common.outputs import OutputPolicy, ordinary_permissions
 
 SAMPLES_FILE = "samples.jsonl"
 MANIFEST_FILE = "manifest.json"

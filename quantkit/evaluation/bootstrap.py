@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .measures import MEASURES
+from quantkit.evaluation.measures import MEASURES
 
 REPLICATES = 1000
 LEVEL = 0.95

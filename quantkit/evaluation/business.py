@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..calibration.config import FieldMap
-from ..calibration.dedup import content_key
-from ..calibration.io import read_log
-from ..calibration.render import RowError, clean_messages, render_record
-from ..calibration.tasks import infer_task, user_labels
-from ..errors import QuantkitError
-from ..validation import json_object
-from .slices import Slice
+from quantkit.calibration.config import FieldMap
+from quantkit.calibration.dedup import content_key
+from quantkit.calibration.io import read_log
+from quantkit.calibration.render import RowError, clean_messages, render_record
+from quantkit.calibration.tasks import infer_task, user_labels
+from quantkit.errors import QuantkitError
+from quantkit.config.validation import json_object
+from quantkit.evaluation.slices import Slice
+from quantkit.calibration.io import file_sha256
 
 FIELDS = FieldMap()
 COUNTS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply")
@@ -158,7 +159,6 @@ def business_meta(summary: dict, values: dict[str, dict]) -> dict:
 
 
 def _sha256(path: Path) -> str:
-    from ..calibration.io import file_sha256
     return file_sha256(path)
 
 

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import QuantkitError
-from ..model_folder import check_links
+from quantkit.errors import QuantkitError
+from quantkit.inputs.model_folder import check_links
+from quantkit.inputs.models import default_model_dir
+from quantkit.inputs.source import SafetensorsSource
+from quantkit.runtime.loader import load
 
 
 def resolve_dir(model: str | Path | None) -> Path:
     if model in (None, "", "default"):
-        from ..models import default_model_dir
         return default_model_dir()
     path = Path(model)
     if not (path / "config.json").exists():
@@ -25,7 +27,6 @@ def resolve_dir(model: str | Path | None) -> Path:
 def check_weights(path: Path) -> None:
     """Refuse, before anything loads, a folder whose weights are not valid safetensors: the
     same check as ``quantkit convert`` (a pickle-only folder is named, never unpickled)."""
-    from ..source import SafetensorsSource
     SafetensorsSource(path)
 
 
@@ -42,7 +43,6 @@ def load_model(path: Path, device: str = "cpu", backend: str | None = None):
     from transformers import AutoModelForCausalLM
 
     if is_quantized(path):
-        from ..loader import load
         return load(path, backend=backend, device=device).eval()
     # use_safetensors: never fall back to a pickle, even beside safetensors files
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).to(device).eval()

@@ -9,12 +9,12 @@ from typing import Optional
 
 import typer
 
-from ..device import check_device
-from ..errors import QuantkitError
-from ..outputs import OutputPolicy, existing_path, written_by
-from ..jsonio import dumps_strict
-from ..validation import check_flag
-from .verdict import noise_text
+from quantkit.common.device import check_device
+from quantkit.errors import QuantkitError
+from quantkit.common.outputs import OutputPolicy, existing_path, written_by
+from quantkit.common.jsonio import dumps_strict
+from quantkit.config.validation import check_flag
+from quantkit.evaluation.verdict import noise_text
 
 
 def _fail(msg: str) -> None:
@@ -25,8 +25,8 @@ def _fail(msg: str) -> None:
 def _recipe_eval(recipe: Optional[str]) -> dict:
     if not recipe:
         return {}
-    from ..recipe import load_recipe
-    from .section import check_eval_section
+    from quantkit.recipe import load_recipe
+    from quantkit.evaluation.section import check_eval_section
     return dict(load_recipe(recipe, check_eval=check_eval_section).eval)
 
 
@@ -61,16 +61,16 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
 
     The languages that gate: ``languages`` (``--languages``), else the section's
     ``languages``, else the baseline folder's model card, else all (languages.py)."""
-    from ..kv_cache import kv_options
-    from .api import EvalConfig, evaluate, integrity_only
-    from .checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
-    from .context import deployment_length
-    from .integrity import check_checkpoint
-    from .kv_options import candidate_kv
-    from .languages import language_gate
-    from .plan import plan
-    from .section import EvalSection, check_eval_section, suite_options
-    from .slices import load_suite
+    from quantkit.kv_cache import kv_options
+    from quantkit.evaluation.api import EvalConfig, evaluate, integrity_only
+    from quantkit.evaluation.checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
+    from quantkit.evaluation.context import deployment_length
+    from quantkit.evaluation.integrity import check_checkpoint
+    from quantkit.evaluation.kv_options import candidate_kv
+    from quantkit.evaluation.languages import language_gate
+    from quantkit.evaluation.plan import plan
+    from quantkit.evaluation.section import EvalSection, check_eval_section, suite_options
+    from quantkit.evaluation.slices import load_suite
 
     o = dataclasses.replace(options or PathsOptions(), **fields)
     check_device(o.device)
@@ -117,7 +117,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
 
 def _check_calibration_flags(o: PathsOptions, suite_opts) -> None:
     """A bad --calib log or --calib-sample fails before any model loads."""
-    from .business import read_business
+    from quantkit.evaluation.business import read_business
 
     if o.calibration_log:
         read_business(o.calibration_log, None, suite_opts.business_rows, o.calibration_sample)
@@ -137,7 +137,7 @@ def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan,
 
 def _checkpoint_kv(ckpt: Path):
     """The KV option a checkpoint's ``kv_cache_scheme`` deploys (None without one)."""
-    from ..kv_cache import kv_option
+    from quantkit.kv_cache import kv_option
 
     cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config") or {}
     scheme = cfg.get("kv_cache_scheme")
@@ -198,7 +198,7 @@ def _drawn_log(path: Path, calib: str | Path | None) -> Path | None:
 
 def integrity_lines(result, most: int = 10) -> list[str]:
     """One line for the integrity pass, then one per flagged module or tensor (its problems or figures)."""
-    from .integrity import flagged_rows
+    from quantkit.evaluation.integrity import flagged_rows
 
     data = result.integrity
     if data is None:
@@ -214,13 +214,13 @@ def report_output(out: Path | None, baseline, candidate, **inputs) -> tuple[Path
     """Where ``quantkit eval`` writes and the policy that guards it (outputs.py). Without ``--out``
     the report goes to ``CANDIDATE/eval``, the report slot of a checkpoint ``quantkit convert``
     wrote; into any other folder the user gave, quantkit writes nothing."""
-    from ..models import cache_dir
+    from quantkit.inputs.models import cache_dir
 
     slot = Path(candidate) / "eval"
     ours = written_by(Path(candidate)) == "convert"
     if out is None:
         if not Path(candidate).is_dir():
-            from .checkpoint import resolve_dir
+            from quantkit.evaluation.checkpoint import resolve_dir
             resolve_dir(candidate)   # its own error names the missing folder
         if not ours:
             raise QuantkitError(f"--out: needed: {candidate} is not a checkpoint quantkit convert wrote, and "
@@ -290,13 +290,13 @@ def plan_command(
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ):
     """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
-    from .plan import BITS, WeightFormat, plan
+    from quantkit.evaluation.plan import BITS, WeightFormat, plan
 
     try:
-        from .checkpoint import resolve_dir
+        from quantkit.evaluation.checkpoint import resolve_dir
         option = None
         if kv not in BITS:   # an option's error names --kv and lists the options
-            from ..kv_cache import kv_option
+            from quantkit.kv_cache import kv_option
             option, kv = kv_option(kv), "fp16"
         target = model if model and Path(model).is_file() else resolve_dir(model)
         fp = plan(target, gpu_mem, max_len, weights=WeightFormat(weights, group_size), kv=kv,

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
 
-from .sandbox import Limits, Runner, SandboxUnavailable, code_runner
+from quantkit.evaluation.sandbox import Limits, Runner, SandboxUnavailable, code_runner
 
 # lm-eval calls a task's process_results(doc, results) with nothing else: the evaluation
 # hands it the runner it opened (sandbox or explicit unsafe) through this variable.

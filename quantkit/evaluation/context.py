@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from quantkit.pipeline.memory import available_memory
 
 DEFAULT_MAX_LEN = 4096      # a model whose config does not say how long a context it serves
 MEMORY_SHARE = 0.7          # of the free memory, one window's forward may take
@@ -55,7 +56,6 @@ def window_bytes(config, tokens: int, attention: str | None = None) -> int:
 
 def free_bytes() -> int:
     """The host's available memory, or less under a cgroup cap (a container's limit)."""
-    from ..pipeline.memory import available_memory
     return available_memory()
 
 

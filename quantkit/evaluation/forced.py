@@ -11,12 +11,12 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
-from .backends.base import ScoredSlice
-from .divergence import bucket_measures, kl_by_position, position_buckets, token_stats
-from .measures import measure_values
-from .models import body_states, head_logits, position_chunks
-from .pair import both, pair
-from .perplexity import perplexity, rolling_windows
+from quantkit.evaluation.backends.base import ScoredSlice
+from quantkit.evaluation.divergence import bucket_measures, kl_by_position, position_buckets, token_stats
+from quantkit.evaluation.measures import measure_values
+from quantkit.evaluation.models import body_states, head_logits, position_chunks
+from quantkit.evaluation.pair import both, pair
+from quantkit.evaluation.perplexity import perplexity, rolling_windows
 
 # Logit tokens (batch rows x positions) per head call: 1 GiB a model at Gemma3's vocabulary, float32
 LOGIT_CHUNK_TOKENS = 1024

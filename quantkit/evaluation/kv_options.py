@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..kv_cache import KVOption, PreparedKV, apply_kv_option, prepare_kv, weights_only
+from quantkit.kv_cache import KVOption, PreparedKV, apply_kv_option, prepare_kv, weights_only
+from quantkit.calibration import load_calibration
 
 CALIBRATION_ROWS = 16
 CALIBRATION_LEN = 4096
@@ -60,7 +61,6 @@ def candidate_kv(candidate, options: list[KVOption], tokenizer, calibration_log:
     drawn: list[list[list[int]]] = []
 
     def rows() -> list[list[int]]:   # drawn once, for the first static option that needs them
-        from ..calibration import load_calibration
 
         if drawn:
             return drawn[0]

@@ -23,7 +23,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
+import yaml
+from quantkit.config.safe_yaml import MAX_YAML_BYTES, load_yaml_text
 
 _CODE = re.compile(r"^[a-z]{2,3}$")
 _FRONT_MATTER = re.compile(r"^(\s*---(?:\r\n|\r|\n))([\S\s]*?)((?:\r\n|\r|\n)---[ \t]*(\r\n|\n|$))")
@@ -61,9 +63,7 @@ def parse_languages(value, where: str) -> tuple[str, ...]:
 def model_card_languages(folder: str | Path | None) -> tuple[str, ...] | None:
     """The ``language:`` of ``folder/README.md``'s YAML front matter; None when there is no
     card, no front matter, no usable ``language:`` or it says ``multilingual``."""
-    import yaml
 
-    from ..safe_yaml import MAX_YAML_BYTES, load_yaml_text
 
     if folder is None:
         return None

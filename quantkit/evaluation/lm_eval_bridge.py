@@ -15,9 +15,9 @@ import contextlib
 import os
 from pathlib import Path
 
-from ..errors import QuantkitError
-from .models import model_device
-from .slices import eval_dir
+from quantkit.errors import QuantkitError
+from quantkit.evaluation.models import model_device
+from quantkit.evaluation.slices import eval_dir
 
 
 def tasks_dir() -> Path:

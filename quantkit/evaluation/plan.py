@@ -17,8 +17,8 @@ import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import QuantkitError
-from ..sizes import size_bytes
+from quantkit.errors import QuantkitError
+from quantkit.config.sizes import size_bytes
 
 BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
         "fp8": 8, "float8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2}
@@ -26,7 +26,7 @@ GiB = 2**30
 
 
 def parse_bytes(text: str | int, where: str = "--gpu-mem") -> int:
-    """'80GiB' -> 85899345920; '80GB' -> 80e9; '80G' -> '80GiB' (the recipe's reading: quantkit/sizes.py).
+    """'80GiB' -> 85899345920; '80GB' -> 80e9; '80G' -> '80GiB' (the recipe's reading: quantkit/config/sizes.py).
 
     >>> parse_bytes("80GiB") == parse_bytes("80G") == 80 * 2**30, parse_bytes("1.5 GB")
     (True, 1500000000)

@@ -14,12 +14,17 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..errors import QuantkitError
-from ..jsonio import dumps_strict, nonfinite_warning
-from ..markdown import md_code, md_row, md_text
-from ..outputs import OutputPolicy, ordinary_permissions
-from .measures import table_columns
-from .verdict import noise_text
+from quantkit.errors import QuantkitError
+from quantkit.common.jsonio import dumps_strict, nonfinite_warning
+from quantkit.common.markdown import md_code, md_row, md_text
+from quantkit.common.outputs import OutputPolicy, ordinary_permissions
+from quantkit.evaluation.measures import table_columns
+from quantkit.evaluation.verdict import noise_text
+from quantkit.sensitivity.report import section
+from quantkit.evaluation.integrity import flagged_rows
+from quantkit.evaluation.integrity.reference import unit_of
+from quantkit.sensitivity.report import frontier_png
+import numpy as np
 
 SCHEMA_VERSION = 1
 
@@ -78,7 +83,6 @@ def _mixed(result) -> dict | None:
     folder = result.meta.get("candidate")
     if not folder:
         return None
-    from ..sensitivity.report import section
 
     gated = [v["kl_mean"] for n, v in result.slices.items()
              if v.get("kl_mean") is not None and n not in result.verdict.not_gated]
@@ -99,14 +103,12 @@ def mixed_text(mixed: dict) -> str:
 def _integrity(result) -> dict | None:
     if result.integrity is None:
         return None
-    from .integrity import flagged_rows
     return {**result.integrity, "flagged": flagged_rows(result.integrity, result.verdict.slices)}
 
 
 def integrity_grid(data: dict) -> tuple[list[str], list[str], list[list[float | None]], list[list[float | None]]]:
     """The heat map's data: layers, module kinds, and per cell the module's SQNR and its worst
     part's excess over expected (dB; the worst of a kind's modules when several share a cell, e.g. experts)."""
-    from .integrity.reference import unit_of
 
     cells: dict[tuple[str, str], tuple[float, float]] = {}
     layers: list[str] = []
@@ -210,7 +212,6 @@ def plots(data: dict) -> dict[str, str]:
     if data.get("integrity") and data["integrity"]["modules"]:
         out.update(_integrity_heat_map(data["integrity"], plt))
     if data.get("mixed"):
-        from ..sensitivity.report import frontier_png
 
         png = frontier_png(data["mixed"])
         if png:
@@ -219,7 +220,6 @@ def plots(data: dict) -> dict[str, str]:
 
 
 def _integrity_heat_map(integrity: dict, plt) -> dict[str, str]:
-    import numpy as np
 
     layers, kinds, sqnr, excess = integrity_grid(integrity)
     if not layers:
@@ -238,7 +238,6 @@ def _integrity_heat_map(integrity: dict, plt) -> dict[str, str]:
         fig.colorbar(im, ax=ax, fraction=0.046)
     flagged = {(f["name"]) for f in integrity.get("flagged", []) if f["kind"] == "module"}
     for name in flagged:
-        from .integrity.reference import unit_of
         unit = unit_of(name + ".")
         kind = re.sub(r"\.\d+\.", ".*.", name[len(unit) + 1:] if unit else name)
         if unit in layers and kind in kinds:

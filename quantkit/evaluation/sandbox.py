@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 NOBODY = 65534
 BWRAP = "bwrap"             # looked up on PATH; tests point it elsewhere to simulate its absence

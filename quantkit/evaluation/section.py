@@ -18,7 +18,10 @@ from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictInt, StrictStr
 
-from ..validation import build_options, config, parse
+from quantkit.config.validation import build_options, config, parse
+from quantkit.evaluation.languages import parse_languages
+from quantkit.evaluation.verdict import Thresholds
+from quantkit.evaluation.slices import SuiteOptions
 
 
 @config
@@ -35,8 +38,6 @@ class EvalSection:
 
 def check_eval_section(section, where: str = "eval") -> dict:
     """The section as a dict, or a ``QuantkitError`` naming the first bad key."""
-    from .languages import parse_languages
-    from .verdict import Thresholds
 
     parse(EvalSection, {} if section is None else section, where)
     section = dict(section or {})
@@ -49,6 +50,5 @@ def check_eval_section(section, where: str = "eval") -> dict:
 
 def suite_options(section: dict, where: str = "eval"):
     """``SuiteOptions`` from the section's ``options`` (unknown keys and wrong types refused)."""
-    from .slices import SuiteOptions
 
     return build_options(SuiteOptions, section.get("options"), f"{where}.options")

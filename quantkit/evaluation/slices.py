@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import QuantkitError
-from ..validation import json_object
-from .languages import slice_language
+from quantkit.errors import QuantkitError
+from quantkit.config.validation import json_object
+from quantkit.evaluation.languages import slice_language
 
 KINDS = {"text": ("text",), "mc": ("question", "choices", "answer"),
          "extract": ("prompt", "reference"), "code": ("prompt", "test", "entry_point")}

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .code_exec import humaneval_program, run_program, stops_body, truncate_completion
-from .models import forward_logits, greedy
-from .sandbox import Runner
+from quantkit.evaluation.code_exec import humaneval_program, run_program, stops_body, truncate_completion
+from quantkit.evaluation.models import forward_logits, greedy
+from quantkit.evaluation.sandbox import Runner
 
 LETTERS = "ABCD"
 

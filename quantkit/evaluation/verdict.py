@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterator, Mapping
 
-from ..errors import QuantkitError
-from .measures import GO, MEASURES, NOGO, RANK, REVIEW, Limit
+from quantkit.errors import QuantkitError
+from quantkit.evaluation.measures import GO, MEASURES, NOGO, RANK, REVIEW, Limit
 
 
 class _RegisteredLimits(Mapping[str, Limit]):

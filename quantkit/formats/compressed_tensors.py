@@ -12,10 +12,10 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import QuantkitError
-from ..primitives import dequantize
-from ..scheme import QuantArgs, QuantScheme
-from .packing import pack_int32, unpack_int32
+from quantkit.errors import QuantkitError
+from quantkit.numerics.primitives import dequantize
+from quantkit.config.scheme import QuantArgs, QuantScheme
+from quantkit.formats.packing import pack_int32, unpack_int32
 
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
 FORMATS = ("pack-quantized", "int-quantized", "float-quantized")

@@ -12,7 +12,8 @@ import sys
 
 import torch
 
-PACKABLE_BITS = (2, 4, 8)
+from quantkit.config.scheme import PACKABLE_BITS
+
 
 
 def _check_bits(num_bits: int) -> int:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..jsonio import dumps_strict
+from quantkit.common.jsonio import dumps_strict
 
 PREFIX = ".quantkit-tmp-"
 RUN_DIR = ".run"      # the run's bookkeeping inside a staging folder, removed before the rename

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..crashpoints import kill_point
-from ..disk_space import disk_full_error, is_disk_full
-from ..outputs import OutputPolicy, ordinary_permissions
-from ..jsonio import dumps_strict
+from quantkit.common.crashpoints import kill_point
+from quantkit.common.disk_space import disk_full_error, is_disk_full
+from quantkit.common.outputs import OutputPolicy, ordinary_permissions
+from quantkit.common.jsonio import dumps_strict
 
 
 def prepare_output(out: Path, overwrite: bool, policy: OutputPolicy) -> None:

@@ -11,7 +11,7 @@ import logging
 import os
 from typing import Callable
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 BACKENDS: dict[tuple[str, str], Callable] = {}
 
@@ -77,7 +77,7 @@ def _ensure_loaded() -> None:
     if _loaded:
         return
     _loaded = True
-    from . import reference  # noqa: F401  (registers "torch")
+    from quantkit.kernels import reference  # noqa: F401  (registers "torch")
 
     _load_triton()
 
@@ -86,7 +86,7 @@ def _load_triton() -> None:
     global _triton_error
     # ---- triton backends: import guarded so the torch path never breaks ----
     try:
-        from . import fp8_gemm, int4_gemm, int8_gemm
+        from quantkit.kernels import fp8_gemm, int4_gemm, int8_gemm
     except Exception as exc:  # no triton, or a broken install: the torch reference still serves
         # recorded, and warned about where a device would have used it (select_backend): a
         # CPU-only machine without triton loses nothing

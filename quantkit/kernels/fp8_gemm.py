@@ -21,8 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import (FP8_MAX, InputQuant, activation_codes, activation_scale, check_runnable, check_w8a8, grouped_tile,
-                        quantize_activations_reference, w8a8_linear)
+from quantkit.kernels.act_quant import FP8_MAX, InputQuant, activation_codes, activation_scale, check_runnable, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
 
 # -- configs ------------------------------------------------------------------------------
 _CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, warps, stages)

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats.packing import pack_int32, unpack_int32
-from .act_quant import check_runnable, grouped_tile
+from quantkit.formats.packing import pack_int32, unpack_int32
+from quantkit.kernels.act_quant import check_runnable, grouped_tile
 
 # -- configs ------------------------------------------------------------------------------
 DECODE_MAX_M = 16

@@ -18,9 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .act_quant import (InputQuant, activation_codes, activation_scale, check_w8a8, grouped_tile,
-                        quantize_activations_reference, w8a8_linear)
-from .fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, ScaledProblem, W8A8Kernel, scaled_gemm
+from quantkit.kernels.act_quant import InputQuant, activation_codes, activation_scale, check_w8a8, grouped_tile, quantize_activations_reference, w8a8_linear
+from quantkit.kernels.fp8_gemm import _AUTOTUNE_KEY, CONFIGS, INTERPRET_CONFIG, ScaledProblem, W8A8Kernel, scaled_gemm
 
 # -- configs: the W8A8 tile shapes are fp8_gemm's (same operand widths, same tensor-core tiles)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..formats.packing import unpack_int32
-from ..primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
-from . import register_backend
+from quantkit.formats.packing import unpack_int32
+from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
+from quantkit.kernels import register_backend
 
 
 def dequantized_weight(layer) -> torch.Tensor:

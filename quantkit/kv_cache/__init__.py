@@ -18,12 +18,12 @@ Example:
     (True, ('k', 'v'))
 """
 
-from .apply import PreparedKV, apply_kv_option, attention_modules, observe_absmax, prepare_kv, weights_only
-from .attention import PLAN_ATTR, attention_name, kv_attention, use_kv_attention
-from .numerics import fake_quantize_fp8, per_token_head
-from .observer import MSE_GRID, MSE_MIN_RATIO, MSE_TOKENS, KVObserver, mse_range
-from .options import FORMATS, KVFormat, KVOption, kv_option, kv_options
-from .scheme import KV_SCALE_NAMES, KVCacheScheme, KVStrategy, register_scales, scale_of, scale_shape
+from quantkit.kv_cache.apply import PreparedKV, apply_kv_option, attention_modules, observe_absmax, prepare_kv, weights_only
+from quantkit.kv_cache.attention import PLAN_ATTR, attention_name, kv_attention, use_kv_attention
+from quantkit.kv_cache.numerics import fake_quantize_fp8, per_token_head
+from quantkit.kv_cache.observer import MSE_GRID, MSE_MIN_RATIO, MSE_TOKENS, KVObserver, mse_range
+from quantkit.kv_cache.options import FORMATS, KVFormat, KVOption, kv_option, kv_options
+from quantkit.kv_cache.scheme import KV_SCALE_NAMES, KVCacheScheme, KVStrategy, register_scales, scale_of, scale_shape
 
 __all__ = [
     "FORMATS", "KV_SCALE_NAMES", "MSE_GRID", "MSE_MIN_RATIO", "MSE_TOKENS", "PLAN_ATTR", "KVCacheScheme",

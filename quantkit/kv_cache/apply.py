@@ -21,13 +21,13 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..arch import ARCHITECTURES, arch_for
-from ..errors import QuantkitError
-from . import kivi
-from .attention import PLAN_ATTR, base_of, register
-from .numerics import fake_quantize_fp8
-from .options import HEAD, KVOption, kv_option, quantize_dynamic
-from .scheme import KVCacheScheme, scale_of
+from quantkit.arch.table import ARCHITECTURES, arch_for
+from quantkit.errors import QuantkitError
+from quantkit.kv_cache import kivi
+from quantkit.kv_cache.attention import PLAN_ATTR, base_of, register
+from quantkit.kv_cache.numerics import fake_quantize_fp8
+from quantkit.kv_cache.options import HEAD, KVOption, kv_option, quantize_dynamic
+from quantkit.kv_cache.scheme import KVCacheScheme, scale_of
 
 Rows = Sequence[Sequence[int]]
 

@@ -17,7 +17,8 @@ from typing import Callable
 
 from torch import nn
 
-from .numerics import fake_quantize_fp8
+from quantkit.kv_cache.numerics import fake_quantize_fp8
+from quantkit.errors import QuantkitError
 
 PLAN_ATTR = "quantkit_kv"
 PREFIX = "quantkit_kv|"
@@ -61,7 +62,6 @@ def register(base: str) -> str:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    from ..errors import QuantkitError
 
     if base not in BASES:
         raise QuantkitError(f"--kv: attention implementation '{base}' cannot read a quantized KV cache "

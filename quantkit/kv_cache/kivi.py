@@ -31,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from .numerics import channel_groups, group_minmax
+from quantkit.kv_cache.numerics import channel_groups, group_minmax
 
 GROUP = 32       # tokens per K scale (per channel), channels per V scale (per token): KIVI's G
 RESIDUAL = 128   # keys kept in full precision until this many have gathered: KIVI's R

@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from quantkit.calibration.api import _render, default_log_path
+from quantkit.calibration.config import SamplerConfig
+from quantkit.calibration.encoding import count_tokens, encode_ids, special_affixes, truncate, with_affixes
+from quantkit.calibration.io import read_log, row_byte_limit
+from quantkit.calibration.store import is_sampler_output, read_output
 
 
 
@@ -48,11 +53,6 @@ def long_rows(source: Any, n: int, max_len: int, tokenizer: Callable[[], Any],
 
 
 def _from_log(source: str | Path | None, n: int, max_len: int, tok) -> tuple[list[list[int]], int]:
-    from ..calibration.api import _render, default_log_path
-    from ..calibration.config import SamplerConfig
-    from ..calibration.encoding import count_tokens, encode_ids, special_affixes, truncate, with_affixes
-    from ..calibration.io import read_log, row_byte_limit
-    from ..calibration.store import is_sampler_output, read_output
 
     path = Path(source) if source is not None and str(source) != "default" else default_log_path()
     if is_sampler_output(path):

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..primitives import FP8_DTYPE, FP8_MAX
+from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX
 
 SCALE_FLOOR = 1e-6   # vLLM's floor on a per-token-head scale (an all-zero head stays zero)
 

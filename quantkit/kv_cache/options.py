@@ -28,9 +28,9 @@ from typing import Callable
 
 import torch
 
-from ..errors import QuantkitError
-from . import kivi
-from .numerics import FP8, INT8, Codes, per_token_head
+from quantkit.errors import QuantkitError
+from quantkit.kv_cache import kivi
+from quantkit.kv_cache.numerics import FP8, INT8, Codes, per_token_head
 
 PARTS = ("k", "v")
 

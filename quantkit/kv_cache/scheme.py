@@ -19,8 +19,10 @@ import torch
 from pydantic import Field, StrictBool, StrictInt, model_validator
 from torch import nn
 
-from ..primitives import FP8_MAX
-from ..validation import config, invalid
+from quantkit.numerics.primitives import FP8_MAX
+from quantkit.config.validation import config, invalid
+from quantkit.errors import QuantkitError
+from quantkit.config.validation import parse
 
 KV_SCALE_NAMES = ("k_scale", "v_scale")
 KVStrategy = Literal["tensor", "attn_head"]
@@ -61,8 +63,6 @@ class KVCacheScheme:
         """The scheme of a checkpoint's ``kv_cache_scheme`` (None when absent)."""
         if d is None:
             return None
-        from ..errors import QuantkitError
-        from ..validation import parse
 
         if d.get("dynamic") not in (False, None):
             raise QuantkitError(f"{where}: kv_cache_scheme.dynamic: quantkit reads static KV scales only")

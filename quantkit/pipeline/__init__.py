@@ -14,9 +14,9 @@
 - ``runner``: the layer loop.
 """
 
-from .batches import CalibrationChunk, auto_batch_tokens, make_chunks, num_tokens_of, pack_rows
-from .onload import build_skeleton, config_dtype
-from .runner import PipelineResult, RunOptions, build_steps, peak_rss_bytes, run_pipeline
+from quantkit.pipeline.batches import CalibrationChunk, auto_batch_tokens, make_chunks, num_tokens_of, pack_rows
+from quantkit.pipeline.onload import build_skeleton, config_dtype
+from quantkit.pipeline.runner import PipelineResult, RunOptions, build_steps, peak_rss_bytes, run_pipeline
 
 __all__ = ["CalibrationChunk", "PipelineResult", "RunOptions", "auto_batch_tokens", "build_skeleton", "build_steps", "config_dtype",
            "make_chunks", "num_tokens_of", "pack_rows", "peak_rss_bytes", "run_pipeline"]

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import QuantkitError
-from .onload import config_dtype
+from quantkit.errors import QuantkitError
+from quantkit.pipeline.onload import config_dtype
+from quantkit.pipeline.memory import available_memory
 
 
 @dataclass
@@ -91,8 +92,8 @@ def make_chunks(samples: list[list[int]], batch_tokens: int, packed: bool = True
 
 
 #: Positions per calibration batch (at least one row). The whole set still runs as one pass
-#: when it fits ``calibration.batch_tokens`` (quantkit.interleave); batches of this size keep
-#: the layer's element-wise work in the CPU caches (measured in quantkit/interleave.py).
+#: when it fits ``calibration.batch_tokens`` (quantkit.pipeline.interleave); batches of this size keep
+#: the layer's element-wise work in the CPU caches (measured in quantkit/pipeline/interleave.py).
 MICRO_BATCH_TOKENS = 4096
 
 
@@ -107,7 +108,6 @@ def auto_batch_tokens(config, device: str) -> int:
     if str(device).startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:
-        from .memory import available_memory
 
         free = available_memory()   # a container's cap, not the host's free memory
     return max(1, int(free * 0.25) // per_token)

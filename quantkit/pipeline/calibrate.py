@@ -8,14 +8,14 @@ boundary, and the batch size it used.
 
 from __future__ import annotations
 
-from .. import distributed
-from . import batches as _batches
-from .batches import CalibrationChunk, auto_batch_tokens, make_chunks, num_tokens_of
-from .capture import capture_inputs
-from .onload import dematerialize
-from .passes import CalibrationPasses
-from .state import Calibration, RunState
-from .store import ActivationStore, ArgumentStore
+from quantkit.common import distributed
+from quantkit.pipeline import batches as _batches
+from quantkit.pipeline.batches import CalibrationChunk, auto_batch_tokens, make_chunks, num_tokens_of
+from quantkit.pipeline.capture import capture_inputs
+from quantkit.pipeline.onload import dematerialize
+from quantkit.pipeline.passes import CalibrationPasses
+from quantkit.pipeline.state import Calibration, RunState
+from quantkit.pipeline.store import ActivationStore, ArgumentStore
 
 
 def prepare_calibration(state: RunState) -> Calibration:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .batches import CalibrationChunk
-from .onload import get_module
+from quantkit.pipeline.batches import CalibrationChunk
+from quantkit.pipeline.onload import get_module
 
 
 class _Recorder(nn.Module):

@@ -32,9 +32,9 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..experts import UnfusedExperts, calibration_rows
-from .coverage import Routing
-from .passes import observe_static
+from quantkit.arch.experts import UnfusedExperts, calibration_rows
+from quantkit.pipeline.coverage import Routing
+from quantkit.pipeline.passes import observe_static
 
 
 def module_bytes(module: nn.Module) -> int:
@@ -55,7 +55,7 @@ def plan_stream(layer: nn.Module, budget: int) -> StreamPlan | None:
     """None when the layer's weights fit ``budget`` bytes or it has no experts block; else the
     chunks: the rest of the layer plus one chunk of experts fits the budget, one expert at least.
 
-    >>> from quantkit.experts import Expert
+    >>> from quantkit.arch.experts import Expert
     >>> layer = nn.Module(); layer.norm = nn.Linear(8, 8, bias=False)      # 256 bytes
     >>> layer.experts = UnfusedExperts([Expert(("g", "u", "d"), 8, 4, nn.SiLU(), torch.float32,
     ...                                        torch.device("meta")) for _ in range(5)])  # 384 each

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import QuantkitError
+from quantkit.errors import QuantkitError
 
 #: Elements checked at a time: the masks ``isfinite`` and ``isnan`` make stay small beside an
 #: embedding of hundreds of millions of elements.

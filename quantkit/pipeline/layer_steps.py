@@ -8,13 +8,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..algorithms import Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult, build_algorithm
-from ..errors import QuantkitError
-from ..formats.compressed_tensors import group_for
-from ..recipe import Recipe
-from ..scheme import QuantScheme
-from . import record, residuals
-from .state import RunState
+from quantkit.steps import Algorithm, LayerContext, QuantizedWeight, Step, Transform, TransformResult, build_algorithm
+from quantkit.errors import QuantkitError
+from quantkit.formats.compressed_tensors import group_for
+from quantkit.recipe import Recipe
+from quantkit.config.scheme import QuantScheme
+from quantkit.pipeline import record, residuals
+from quantkit.pipeline.state import RunState
 
 Targets = dict[str, tuple[nn.Linear, QuantScheme]]
 

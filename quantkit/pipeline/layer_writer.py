@@ -8,17 +8,18 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..algorithms import QuantizedWeight
-from ..errors import QuantkitError
-from ..experts import UnfusedExperts
-from ..formats.compressed_tensors import compress_module, quantization_config, scheme_for
-from ..formats.writer import ShardWriter
-from ..jsonio import nonfinite_warning
-from ..kv_cache import KVObserver
-from ..primitives import calculate_qparams
-from .coverage import coverage_lines
-from .resume import LayerLog
-from .state import RunState
+from quantkit.steps import QuantizedWeight
+from quantkit.errors import QuantkitError
+from quantkit.arch.experts import UnfusedExperts
+from quantkit.formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from quantkit.formats.writer import ShardWriter
+from quantkit.common.jsonio import nonfinite_warning
+from quantkit.kv_cache import KVObserver
+from quantkit.numerics.primitives import calculate_qparams
+from quantkit.pipeline.coverage import coverage_lines
+from quantkit.pipeline.resume import LayerLog
+from quantkit.pipeline.state import RunState
+from quantkit import __version__
 
 
 def static_targets(targets) -> list[str]:
@@ -117,6 +118,5 @@ def _coverage(state: RunState) -> dict[str, Any]:
 
 
 def _version() -> str:
-    from .. import __version__
 
     return __version__

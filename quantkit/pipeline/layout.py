@@ -12,6 +12,9 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
+from quantkit.arch.table import arch_for
+from quantkit.pipeline.onload import build_skeleton
+from quantkit.errors import QuantkitError
 
 #: Tensors transformers recomputes from the config; older checkpoints saved them in each layer.
 COMPUTED_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -19,8 +22,6 @@ COMPUTED_SUFFIXES = (".rotary_emb.inv_freq",)
 
 def check_checkpoint(config, source, config_file: str, warn: Callable[[str], None]) -> None:
     """``check_layout`` against the skeleton built from ``config`` (its architecture must be supported)."""
-    from ..arch import arch_for
-    from .onload import build_skeleton
 
     _, spec = arch_for(config)
     check_layout(build_skeleton(config), spec.layers, config, source, config_file, warn)
@@ -31,7 +32,6 @@ def check_layout(model: nn.Module, layers_path: str, config, source, config_file
     """Refuse (``QuantkitError``) a stored tensor whose shape or dtype is not the one ``model``
     (the skeleton built from ``config``) has, layers past the configured count, and a tensor
     under ``layers_path`` the model has no place for; warn about computed buffers not written."""
-    from ..errors import QuantkitError
 
     params = dict(model.named_parameters(remove_duplicate=False))
     for name, p in params.items():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+from quantkit.errors import QuantkitError
+import psutil
 
 #: Free heap pages a lockstep pass lets stay resident before it trims (``bound_freed_memory``).
 #: Trimming at every pause handed back pages the next batch faulted in again at once: on SmolLM2
@@ -98,7 +100,6 @@ def _huge_page_size() -> int | None:
     """
     setting = os.environ.get("QUANTKIT_HEAP_HUGE_PAGES", "")
     if setting not in ("", "0", "1"):
-        from ..errors import QuantkitError
         raise QuantkitError(f"QUANTKIT_HEAP_HUGE_PAGES: {setting!r} is not 0 or 1 (unset: on unless memory is capped)")
     if setting == "0" or (setting == "" and _cgroup_memory()):
         return None
@@ -199,7 +200,6 @@ def bound_freed_memory(slack: int = FREED_MEMORY_SLACK) -> bool:
 def available_memory() -> int:
     """Bytes this process can still take: the system's available memory, or less where a cgroup
     (v1 or v2) of this process or one above it caps memory (a container, a batch job's slot)."""
-    import psutil
 
     free = int(psutil.virtual_memory().available)
     for limit, usage in _cgroup_memory():

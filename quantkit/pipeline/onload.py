@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from quantkit.arch.experts import unfuse_model
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -21,7 +22,6 @@ def build_skeleton(config) -> nn.Module:
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
-    from ..experts import unfuse_model
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))

@@ -1,6 +1,6 @@
 """Parking a paused calibration batch's activations in a file while the other batches run.
 
-In a lockstep pass (``quantkit.interleave``) every batch waits at a sync point with its
+In a lockstep pass (``quantkit.pipeline.interleave``) every batch waits at a sync point with its
 intermediates alive: on SmolLM2 (GPTQ, 16 batches of 4096 tokens) the batches paused before
 ``down_proj`` hold 16 x 51 MiB, most of the conversion's peak. With ``calibration.offload``
 the pass parks what it can reach of a pausing batch (the linear's input that the hook was

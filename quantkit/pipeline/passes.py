@@ -8,7 +8,7 @@ layer's modules:
 - ``run(layer, i)``: every batch, one after another (hooks may ask ``batch_index()``);
 - ``run(layer, i, batches=[...])``: some batches only (a transform's search on a subset);
 - ``run(layer, i, interleaved=True)``: every batch in lockstep, pausing at ``sync`` points
-  (``quantkit.interleave``: GPTQ's one-pass true-sequential solve);
+  (``quantkit.pipeline.interleave``: GPTQ's one-pass true-sequential solve);
 - ``propagate=True`` (every batch): the pass's outputs become the next layer's inputs, and the
   inputs of static-activation linears are observed for their scales (and, given a ``kv``
   observer, the keys and values the attention module would cache).
@@ -23,15 +23,15 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from ..errors import QuantkitError
-from ..interleave import Interleaver
-from ..kv_cache import KVObserver
-from ..scheme import QuantScheme
-from .batches import CalibrationChunk
-from .capture import layer_output
-from .memory import bound_freed_memory
-from .park import park as park_tensors
-from .store import ActivationStore, ArgumentStore
+from quantkit.errors import QuantkitError
+from quantkit.pipeline.interleave import Interleaver
+from quantkit.kv_cache import KVObserver
+from quantkit.config.scheme import QuantScheme
+from quantkit.pipeline.batches import CalibrationChunk
+from quantkit.pipeline.capture import layer_output
+from quantkit.pipeline.memory import bound_freed_memory
+from quantkit.pipeline.park import park as park_tensors
+from quantkit.pipeline.store import ActivationStore, ArgumentStore
 
 
 class CalibrationPasses:

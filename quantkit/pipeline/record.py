@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..algorithms import TransformResult
-from ..errors import QuantkitError
+from quantkit.steps import TransformResult
+from quantkit.errors import QuantkitError
 
 FOLDER = "transforms"
 

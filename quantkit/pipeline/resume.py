@@ -45,9 +45,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..formats import staging
-from ..formats.staging import RUN_DIR
-from ..jsonio import dumps_strict
+from quantkit.formats import staging
+from quantkit.formats.staging import RUN_DIR
+from quantkit.common.jsonio import dumps_strict
+from quantkit import __version__
 
 MANIFEST = "manifest.json"
 FORMAT = 1
@@ -61,7 +62,6 @@ def run_keys(recipe, config, source, samples: list[list[int]] | None, device: st
     """What must not change for a resumed run to give the bytes of an uninterrupted one."""
     import transformers
 
-    from .. import __version__
 
     return {
         "recipe": _sha256(json.dumps(recipe.to_dict(), sort_keys=True, separators=(",", ":"), default=str)),

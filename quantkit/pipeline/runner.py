@@ -30,29 +30,30 @@ from typing import Any, Iterable, NoReturn
 import torch
 from torch import nn
 
-from .. import distributed
-from ..algorithms import LayerContext, QuantizedWeight
-from ..arch import arch_for
-from ..crashpoints import kill_point
-from ..errors import QuantkitError
-from ..experts import UnfusedExperts
-from ..formats.staging import RUN_DIR
-from ..formats.writer import ShardWriter
-from ..kv_cache import KVObserver
-from ..recipe import Recipe
-from . import residuals
-from .batches import num_tokens_of
-from .calibrate import prepare_calibration
-from .coverage import Routing, coverage_entry
-from .expert_stream import StreamPlan, plan_stream
-from .finite import FiniteSource
-from .layer_steps import Targets, build_steps, layer_context, layer_groups, layer_targets, quantize_targets, run_transforms
-from .layer_writer import static_targets, write_kv_scales, write_layer, write_metadata
-from .memory import advise_huge_pages, available_memory
-from .onload import build_skeleton, dematerialize, get_module, materialize
-from .resume import ACTIVATIONS
-from .state import RunOptions, RunState
-from .stream import ExpertStream
+from quantkit.common import distributed
+from quantkit.steps import LayerContext, QuantizedWeight
+from quantkit.arch.table import arch_for
+from quantkit.common.crashpoints import kill_point
+from quantkit.errors import QuantkitError
+from quantkit.arch.experts import UnfusedExperts
+from quantkit.formats.staging import RUN_DIR
+from quantkit.formats.writer import ShardWriter
+from quantkit.kv_cache import KVObserver
+from quantkit.recipe import Recipe
+from quantkit.pipeline import residuals
+from quantkit.pipeline.batches import num_tokens_of
+from quantkit.pipeline.calibrate import prepare_calibration
+from quantkit.pipeline.coverage import Routing, coverage_entry
+from quantkit.pipeline.expert_stream import StreamPlan, plan_stream
+from quantkit.pipeline.finite import FiniteSource
+from quantkit.pipeline.layer_steps import Targets, build_steps, layer_context, layer_groups, layer_targets, quantize_targets, run_transforms
+from quantkit.pipeline.layer_writer import static_targets, write_kv_scales, write_layer, write_metadata
+from quantkit.pipeline.memory import advise_huge_pages, available_memory
+from quantkit.pipeline.onload import build_skeleton, dematerialize, get_module, materialize
+from quantkit.pipeline.resume import ACTIVATIONS
+from quantkit.pipeline.state import RunOptions, RunState
+from quantkit.pipeline.stream import ExpertStream
+import resource
 
 __all__ = ["LAYER_MEMORY_SHARE", "PipelineResult", "RunOptions", "build_steps", "layer_groups", "layer_targets",
            "peak_rss_bytes", "run_pipeline"]
@@ -76,7 +77,6 @@ class PipelineResult:
 
 
 def peak_rss_bytes() -> int:
-    import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 

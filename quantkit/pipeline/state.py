@@ -13,17 +13,17 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from torch import nn
 
-from ..arch import ArchSpec
-from ..formats.writer import ShardWriter
-from ..recipe import Recipe
-from .finite import FiniteSource
-from .memory import return_freed_memory
-from .onload import get_module
-from .resume import Boundary, LayerLog, RunBook
+from quantkit.arch.table import ArchSpec
+from quantkit.formats.writer import ShardWriter
+from quantkit.recipe import Recipe
+from quantkit.pipeline.finite import FiniteSource
+from quantkit.pipeline.memory import return_freed_memory
+from quantkit.pipeline.onload import get_module
+from quantkit.pipeline.resume import Boundary, LayerLog, RunBook
 
 if TYPE_CHECKING:
-    from ..algorithms import Algorithm, Transform
-    from .passes import CalibrationPasses
+    from quantkit.steps import Algorithm, Transform
+    from quantkit.pipeline.passes import CalibrationPasses
 
 
 @dataclass(frozen=True)

@@ -8,16 +8,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .. import distributed
-from ..algorithms import LayerContext
-from ..experts import UnfusedExperts
-from .coverage import Routing
-from .expert_stream import ChunkPasses, ExpertInputs, ExpertSums, StreamPlan, add_expert_sums
-from .layer_steps import no_data, quantize_targets
-from .layer_writer import static_targets, write_layer
-from .onload import dematerialize, materialize
-from .passes import CalibrationPasses
-from .state import RunState
+from quantkit.common import distributed
+from quantkit.steps import LayerContext
+from quantkit.arch.experts import UnfusedExperts
+from quantkit.pipeline.coverage import Routing
+from quantkit.pipeline.expert_stream import ChunkPasses, ExpertInputs, ExpertSums, StreamPlan, add_expert_sums
+from quantkit.pipeline.layer_steps import no_data, quantize_targets
+from quantkit.pipeline.layer_writer import static_targets, write_layer
+from quantkit.pipeline.onload import dematerialize, materialize
+from quantkit.pipeline.passes import CalibrationPasses
+from quantkit.pipeline.state import RunState
 
 
 @dataclass

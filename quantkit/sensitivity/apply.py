@@ -12,11 +12,11 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 
-from ..errors import QuantkitError
-from ..recipe import Recipe
-from ..scheme import QuantScheme
-from .data import Sensitivity
-from .planner import Plan
+from quantkit.errors import QuantkitError
+from quantkit.recipe import Recipe
+from quantkit.config.scheme import QuantScheme
+from quantkit.sensitivity.data import Sensitivity
+from quantkit.sensitivity.planner import Plan
 
 
 def group_key(cand: str) -> str:

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import QuantkitError
-from ..outputs import OutputPolicy
-from ..jsonio import dumps_strict
-from ..scheme import QuantArgs
-from .units import FormatUnit
+from quantkit.errors import QuantkitError
+from quantkit.common.outputs import OutputPolicy
+from quantkit.common.jsonio import dumps_strict
+from quantkit.config.scheme import QuantArgs
+from quantkit.sensitivity.units import FormatUnit
 
 KIND = "quantkit-sensitivity"
 VERSION = 1
@@ -69,7 +69,7 @@ class Sensitivity:
 
     def save(self, path: str | Path, overwrite: bool = False, policy: "OutputPolicy | None" = None) -> Path:
         """Write the JSON file ``path``: an existing file is replaced only with ``overwrite`` and only
-        when it is an earlier sensitivity file (``quantkit.outputs``)."""
+        when it is an earlier sensitivity file (``quantkit.common.outputs``)."""
         data = (dumps_strict(self.to_dict(), indent=1) + "\n").encode("utf-8")
         return (policy or OutputPolicy("sensitivity")).write_file(Path(path), data, overwrite)
 

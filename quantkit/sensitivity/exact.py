@@ -13,8 +13,8 @@ from typing import Iterator
 import torch
 from torch import nn
 
-from ..pipeline.batches import CalibrationChunk
-from .scores import loss_mask
+from quantkit.pipeline.batches import CalibrationChunk
+from quantkit.sensitivity.scores import loss_mask
 
 #: Reference log-probabilities are kept when they fit this many floats (1 GiB), else the
 #: reference logits are recomputed from the float model's final hidden states.

@@ -9,15 +9,23 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from ..errors import QuantkitError
-from .candidates import DEFAULT_CANDIDATES, candidate, check_candidates, like
+from quantkit.errors import QuantkitError
+from quantkit.config.candidates import DEFAULT_CANDIDATES, candidate, check_candidates, like
+from quantkit.sensitivity.data import Sensitivity
+from quantkit.sensitivity.units import plan_units
+from quantkit.arch.experts import moe_spec
+from quantkit.sensitivity.apply import planned_recipe
+from quantkit.sensitivity.planner import plan
+from quantkit.sensitivity.search import DEFAULT_METHOD, SearchOptions, sensitivity_search
+import math
+from quantkit.config.candidates import fits
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from ..recipe import Recipe
-    from .data import Sensitivity
-    from .planner import Plan
+    from quantkit.recipe import Recipe
+    from quantkit.sensitivity.data import Sensitivity
+    from quantkit.sensitivity.planner import Plan
 
 SENSITIVITY_FILE, PLAN_FILE = "sensitivity.json", "plan.json"
 
@@ -25,10 +33,7 @@ SENSITIVITY_FILE, PLAN_FILE = "sensitivity.json", "plan.json"
 def check_mixed(recipe: "Recipe", config) -> "Sensitivity | list":
     """What ``recipe.mixed`` plans from, checked before any data is read: the sensitivity file
     (loaded, and its units this model's) or the candidates to search (the budget reachable)."""
-    from .data import Sensitivity
-    from .units import plan_units
 
-    from ..experts import moe_spec
 
     m = recipe.mixed
     where = f"{recipe.origin}: mixed"
@@ -65,9 +70,6 @@ def plan_recipe(recipe: "Recipe", config, source: "Sensitivity | list", samples:
                 float_model: Callable[[], "nn.Module"], log: Callable[[str], None]) -> tuple["Recipe", "Sensitivity", "Plan"]:
     """The recipe with its groups planned under ``recipe.mixed``'s budget, from ``source``
     (``check_mixed``'s result: sensitivity data, or the candidates to search now)."""
-    from .apply import planned_recipe
-    from .planner import plan
-    from .search import DEFAULT_METHOD, SearchOptions, sensitivity_search
 
     m = recipe.mixed
     if isinstance(source, list):
@@ -86,10 +88,7 @@ def plan_recipe(recipe: "Recipe", config, source: "Sensitivity | list", samples:
 
 def _check_reachable(config, recipe: "Recipe", cands) -> None:
     """The budget against the cheapest plan of these candidates, from sizes alone."""
-    import math
 
-    from .candidates import fits
-    from .units import plan_units
 
     m = recipe.mixed
     units, dtype = plan_units(config, recipe)

@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from ..errors import QuantkitError
-from ..jsonio import dumps_strict
-from .data import Sensitivity
+from quantkit.errors import QuantkitError
+from quantkit.common.jsonio import dumps_strict
+from quantkit.sensitivity.data import Sensitivity
 
 RESOLUTION = 1 << 14
 PLAN_KIND, PLAN_VERSION = "quantkit-plan", 1

@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import QuantkitError
-from .data import Sensitivity
-from .mixed import PLAN_FILE, SENSITIVITY_FILE
-from .planner import Plan, edge_layers, plan, uniform
+from quantkit.errors import QuantkitError
+from quantkit.sensitivity.data import Sensitivity
+from quantkit.sensitivity.mixed import PLAN_FILE, SENSITIVITY_FILE
+from quantkit.sensitivity.planner import Plan, edge_layers, plan, uniform
+import base64
+import io
 
 
 def frontier(sens: Sensitivity, low: str = "W4_G64", high: str = "W8_CHANNEL", steps: int = 12) -> dict[str, list[dict]]:
@@ -70,8 +72,6 @@ def frontier_png(data: dict[str, Any]) -> str | None:
     """The size-vs-KL frontier as a base64 PNG (matplotlib), or None without one."""
     if not data.get("frontier"):
         return None
-    import base64
-    import io
 
     import matplotlib
 

@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..pipeline.batches import CalibrationChunk
+from quantkit.pipeline.batches import CalibrationChunk
 
 VARIANTS = ("diag", "token", "sample", "local")
 SCORE_PRECISION = torch.float64   # sums over many tokens of small squares

@@ -19,17 +19,17 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..arch import arch_for
-from ..pipeline.batches import make_chunks
-from ..primitives import fake_quantize, weight_qparams
-from ..recipe import Recipe
-from .agreement import spearman
-from .candidates import _Candidate, fits
-from .data import Sensitivity
-from .exact import ExactKL
-from .scores import VARIANTS, gradient_scores
-from .settings import DEFAULT_TOKENS
-from .units import FormatUnit, plan_units
+from quantkit.arch.table import arch_for
+from quantkit.pipeline.batches import make_chunks
+from quantkit.numerics.primitives import fake_quantize, weight_qparams
+from quantkit.recipe import Recipe
+from quantkit.sensitivity.agreement import spearman
+from quantkit.config.candidates import _Candidate, fits
+from quantkit.sensitivity.data import Sensitivity
+from quantkit.sensitivity.exact import ExactKL
+from quantkit.sensitivity.scores import VARIANTS, gradient_scores
+from quantkit.config.mixed import DEFAULT_TOKENS
+from quantkit.sensitivity.units import FormatUnit, plan_units
 
 #: The variant plans use, chosen by its agreement with the exact KL (benchmarks/RESULTS.md).
 DEFAULT_METHOD = "diag"

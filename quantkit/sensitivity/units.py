@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..arch import arch_for
-from ..formats.compressed_tensors import group_for
-from ..pipeline.onload import build_skeleton, config_dtype, get_module
-from ..recipe import Recipe
-from .candidates import weight_bytes
+from quantkit.arch.table import arch_for
+from quantkit.formats.compressed_tensors import group_for
+from quantkit.pipeline.onload import build_skeleton, config_dtype, get_module
+from quantkit.recipe import Recipe
+from quantkit.config.candidates import weight_bytes
 
 
 @dataclass(frozen=True)

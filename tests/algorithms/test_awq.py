@@ -11,8 +11,8 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 import quantkit
-from quantkit.algorithms.awq import apply_clip, candidate_scales, clip_search, fake_quantize_weight
-from quantkit.scheme import QuantArgs
+from quantkit.transforms.awq import apply_clip, candidate_scales, clip_search, fake_quantize_weight
+from quantkit.config.scheme import QuantArgs
 
 from model_factory import make_outlier_llama_dir, random_ids
 
@@ -132,10 +132,10 @@ def test_no_scaling_wins_where_every_scaled_grid_loses():
     when that is best (here a replay that only rewards the unscaled rounding)."""
     from types import SimpleNamespace
 
-    from quantkit.algorithms.awq import AWQ, fake_quantize_weight, minmax
-    from quantkit.algorithms.observe import ChannelStats
-    from quantkit.arch import SmoothMapping
-    from quantkit.scheme import QuantArgs
+    from quantkit.transforms.awq import AWQ, fake_quantize_weight, minmax
+    from quantkit.transforms.observe import ChannelStats
+    from quantkit.arch.table import SmoothMapping
+    from quantkit.config.scheme import QuantArgs
 
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 16, bias=False)
@@ -165,7 +165,7 @@ def test_skip_first_leaves_each_rows_first_real_token_out(left_padded):
     of each row (the attention sink), also when rows are padded on the left."""
     from types import SimpleNamespace
 
-    from quantkit.algorithms.observe import observe_layer
+    from quantkit.transforms.observe import observe_layer
 
     torch.manual_seed(0)
     layer = torch.nn.Module()
@@ -199,7 +199,7 @@ def test_skip_first_leaves_each_rows_first_real_token_out(left_padded):
 def test_refine_clip_lowers_each_rows_whole_output_error(symmetric):
     """With inputs correlated across groups, the sweeps lower every row's error ``d^T H d`` from
     the per-group search's, and end where no single group's ratio change lowers it further."""
-    from quantkit.algorithms.awq import refine_clip
+    from quantkit.transforms.awq import refine_clip
 
     g = torch.Generator().manual_seed(1)
     w = torch.randn(5, 48, generator=g)

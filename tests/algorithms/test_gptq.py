@@ -9,15 +9,15 @@ import pytest
 import torch
 from torch import nn
 
-from quantkit.algorithms import LayerContext, build_algorithm
-from quantkit.algorithms.gptq import columns as columns_mod
-from quantkit.algorithms.gptq import hessian as hessian_mod
-from quantkit.algorithms.gptq import solve as solve_mod
-from quantkit.algorithms.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, gptq_quantize_weight
+from quantkit.steps import LayerContext, build_algorithm
+from quantkit.quantizers.gptq import columns as columns_mod
+from quantkit.quantizers.gptq import hessian as hessian_mod
+from quantkit.quantizers.gptq import solve as solve_mod
+from quantkit.quantizers.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, gptq_quantize_weight
 from quantkit.errors import QuantkitError
-from quantkit.primitives import calculate_qparams, dequantize, reduce_minmax
-from quantkit.primitives import quantize_weight as rtn_quantize_weight
-from quantkit.scheme import PRESETS, QuantArgs, QuantScheme
+from quantkit.numerics.primitives import calculate_qparams, dequantize, reduce_minmax
+from quantkit.numerics.primitives import quantize_weight as rtn_quantize_weight
+from quantkit.config.scheme import PRESETS, QuantArgs, QuantScheme
 
 
 # -- data -------------------------------------------------------------------------------
@@ -490,7 +490,7 @@ def test_hessian_folds_in_place_to_the_running_mean_of_every_batch(cols):
 def make_lockstep_ctx(scheme: QuantScheme, layer: nn.Module, inputs: list[torch.Tensor]):
     """The pipeline's lockstep pass: each input a calibration batch (``Interleaver``). Returns the
     context, the running batch (``current["batch"]``) and the keys each pausing batch waited at."""
-    from quantkit.interleave import Interleaver
+    from quantkit.pipeline.interleave import Interleaver
 
     lockstep, current, paused = Interleaver(), {"batch": None}, []
 

@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import quantkit
-from quantkit.algorithms.smoothquant import fake_quantize_input, smoothing_scales
-from quantkit.scheme import QuantArgs
+from quantkit.transforms.smoothquant import fake_quantize_input, smoothing_scales
+from quantkit.config.scheme import QuantArgs
 
 from model_factory import make_outlier_llama_dir, random_ids
 

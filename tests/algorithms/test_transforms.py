@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quantkit.algorithms.transforms import fold_scales, mapping_applies, smooth_channels
-from quantkit.arch import ARCHITECTURES
+from quantkit.transforms.fold import fold_scales, mapping_applies, smooth_channels
+from quantkit.arch.table import ARCHITECTURES
 
 from arch_configs import tiny_config
 
@@ -89,7 +89,7 @@ def test_a_mapping_whose_shapes_differ_is_refused():
 
 def test_gqa_value_scales_reach_every_copy_in_o_proj():
     """A value channel's scale multiplies the o_proj columns of every query head that reads it."""
-    from quantkit.algorithms.transforms import tie_of
+    from quantkit.transforms.fold import tie_of
 
     model = _model("LlamaForCausalLM", 2)       # 4 heads, 2 KV heads: each value head read twice
     layer, v_to_o = model.model.layers[0], ARCHITECTURES["LlamaForCausalLM"].smooth_mappings[1]

@@ -14,7 +14,7 @@ from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.api import HIDDEN
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
-from quantkit.markdown import md_text
+from quantkit.common.markdown import md_text
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from quantkit.evaluation.integrity.figures import ALLOWANCES, EXCESS_CAP_DB, reconstruction, rtn_reference
-from quantkit.primitives import dequantize, quantize_weight
-from quantkit.scheme import QuantArgs
+from quantkit.numerics.primitives import dequantize, quantize_weight
+from quantkit.config.scheme import QuantArgs
 
 G32 = QuantArgs(num_bits=4, group_size=32)
 CHANNEL8 = QuantArgs(num_bits=8, strategy="channel")

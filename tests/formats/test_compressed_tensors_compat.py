@@ -12,7 +12,7 @@ import compressed_tensors.quantization as ct_quant
 import pytest
 
 from quantkit.formats.compressed_tensors import quantization_config
-from quantkit.scheme import PRESETS
+from quantkit.config.scheme import PRESETS
 
 FIELDS = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic")
 FORMAT = {"FP8_DYNAMIC": "float-quantized", "FP8": "float-quantized", "W8A8": "int-quantized",

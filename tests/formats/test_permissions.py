@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from model_factory import make_llama_dir, save_byte_tokenizer
-from quantkit.outputs import current_umask, ordinary_permissions
+from quantkit.common.outputs import current_umask, ordinary_permissions
 
 
 @pytest.fixture(params=[0o022, 0o027], ids=["umask022", "umask027"])

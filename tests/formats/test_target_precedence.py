@@ -19,8 +19,8 @@ from safetensors import safe_open
 import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import group_for
-from quantkit.modules import QuantLinear
-from quantkit.scheme import QuantArgs, QuantScheme
+from quantkit.runtime.modules import QuantLinear
+from quantkit.config.scheme import QuantArgs, QuantScheme
 
 from reference_reader import relative_logit_error
 

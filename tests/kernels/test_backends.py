@@ -8,9 +8,9 @@ import quantkit
 from kernel_testing import DEVICE, rel_err
 from quantkit.formats.compressed_tensors import compress_module
 from quantkit.kernels import BACKENDS, get_backend, select_backend
-from quantkit.modules import QuantLinear
-from quantkit.primitives import calculate_qparams, quantize_weight
-from quantkit.scheme import PRESETS, with_group_size
+from quantkit.runtime.modules import QuantLinear
+from quantkit.numerics.primitives import calculate_qparams, quantize_weight
+from quantkit.config.scheme import PRESETS, with_group_size
 
 # Triton vs torch path, relative Frobenius error per model dtype. The torch path rounds the
 # dequantized weight to bf16 before its matmul, the kernel does not: one layer differs by about

@@ -10,8 +10,8 @@ from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32
 
 from quantkit.formats.packing import pack_int32, unpack_int32
 from quantkit.kernels import int4_gemm as k4
-from quantkit.primitives import dequantize, quantize_weight
-from quantkit.scheme import QuantArgs
+from quantkit.numerics.primitives import dequantize, quantize_weight
+from quantkit.config.scheme import QuantArgs
 
 from kernel_testing import DEVICE, REL_TOL, rel_err
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from kernel_testing import DEVICE, REL_TOL, rel_err
 from quantkit.kernels import act_quant, fp8_gemm, int8_gemm, reference
-from quantkit.primitives import quantize_weight
-from quantkit.scheme import QuantArgs
+from quantkit.numerics.primitives import quantize_weight
+from quantkit.config.scheme import QuantArgs
 
 GEMMS = {"fp8": (fp8_gemm.fp8_gemm, fp8_gemm.fp8_gemm_reference),
          "int8": (int8_gemm.int8_gemm, int8_gemm.int8_gemm_reference)}

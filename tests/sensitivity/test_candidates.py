@@ -7,8 +7,8 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import compress_module
-from quantkit.primitives import quantize_weight
-from quantkit.scheme import QuantArgs, QuantScheme
+from quantkit.numerics.primitives import quantize_weight
+from quantkit.config.scheme import QuantArgs, QuantScheme
 from quantkit.sensitivity import bits_per_weight, candidate, candidates_from, weight_bytes
 
 FORMATS = [

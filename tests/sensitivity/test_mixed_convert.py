@@ -60,7 +60,7 @@ def test_checkpoint_holds_the_plan_within_budget(converted):
     for name, cand in members.items():
         module = model.get_submodule(name)
         if cand == "KEEP":
-            assert not isinstance(module, quantkit.modules.QuantLinear) and name in qc["ignore"]
+            assert not isinstance(module, quantkit.runtime.modules.QuantLinear) and name in qc["ignore"]
         else:
             assert module.scheme.weights.num_bits == BITS[cand], name
     log = json.loads((converted / "quantization_log.json").read_text())

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import group_for
 from quantkit.recipe import load_recipe
-from quantkit.scheme import QuantArgs
+from quantkit.config.scheme import QuantArgs
 from quantkit.sensitivity import FormatUnit, Sensitivity
 from quantkit.sensitivity.apply import planned_recipe
 from quantkit.sensitivity.planner import Plan, edge_layers, evaluate_choice, plan, uniform

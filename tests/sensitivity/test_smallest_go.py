@@ -12,7 +12,7 @@ import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.recipe import load_recipe
 from quantkit.sensitivity.planner import Plan
-from quantkit.sensitivity.smallest_go import RESULT_FILE, Trial, bisect_go, smallest_go
+from quantkit.workflows.smallest_go import RESULT_FILE, Trial, bisect_go, smallest_go
 
 from model_factory import make_llama_dir, random_ids
 

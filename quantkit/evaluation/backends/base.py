@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Protocol
 
 if TYPE_CHECKING:
-    from ..forced import Encoded, ForcedRequest, ForcedResult, View
+    from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..backends.base import CodeRequest, Continuation, PairedRuns
-from ..forced import Encoded, ForcedRequest, ForcedResult, View, run_forced
-from ..models import greedy, pad_id
-from ..pair import both
-from ..tasks import CodeExecution, code_pass, extraction, multiple_choice
+from quantkit.evaluation.backends.base import CodeRequest, Continuation, PairedRuns
+from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View, run_forced
+from quantkit.evaluation.models import greedy, pad_id
+from quantkit.evaluation.pair import both
+from quantkit.evaluation.tasks import CodeExecution, code_pass, extraction, multiple_choice
 
 
 class InProcessBackend:

@@ -5,7 +5,7 @@ with the baseline's weight (recorded transforms re-applied), plus the layout of 
 >>> report.unloadable, report.seconds                               # doctest: +SKIP
 (False, 2.4)
 """
-from .check import IntegrityReport, check_checkpoint, flagged_rows
-from .figures import ALLOWANCES, reconstruction
+from quantkit.evaluation.integrity.check import IntegrityReport, check_checkpoint, flagged_rows
+from quantkit.evaluation.integrity.figures import ALLOWANCES, reconstruction
 
 __all__ = ["ALLOWANCES", "IntegrityReport", "check_checkpoint", "flagged_rows", "reconstruction"]

@@ -33,13 +33,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...errors import QuantkitError
-from ...formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_module_codes
-from ...primitives import FP8_DTYPE, dequantize
-from ...scheme import QuantScheme
-from ...source import SafetensorsSource
-from .figures import EXCESS_CAP_DB, reconstruction
-from .reference import Reference, read_quantization_log, unit_of
+from quantkit.errors import QuantkitError
+from quantkit.formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_module_codes
+from quantkit.numerics.primitives import FP8_DTYPE, dequantize
+from quantkit.config.scheme import QuantScheme
+from quantkit.inputs.source import SafetensorsSource
+from quantkit.evaluation.integrity.figures import EXCESS_CAP_DB, reconstruction
+from quantkit.evaluation.integrity.reference import Reference, read_quantization_log, unit_of
+from quantkit.pipeline import residuals
+from quantkit.pipeline import build_skeleton
 
 KV_SCALES = ("k_scale", "v_scale")
 _SAME_MODEL = ("architectures", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")
@@ -249,7 +251,6 @@ def _scheme_name(s: QuantScheme) -> str:
 # -- the pass ------------------------------------------------------------------------------------
 def _recorded_rows(cand_dir: Path, report: IntegrityReport) -> dict[str, torch.Tensor]:
     """The conversion's row errors (``pipeline/residuals.py``); none (and a note) when unreadable."""
-    from ...pipeline import residuals
 
     try:
         rows = residuals.load(cand_dir)
@@ -264,7 +265,6 @@ def _recorded_rows(cand_dir: Path, report: IntegrityReport) -> dict[str, torch.T
 
 
 def _quantized_modules(config, groups, ignore) -> dict[str, tuple[nn.Linear, QuantScheme]]:
-    from ...pipeline import build_skeleton
 
     out = {}
     for name, m in build_skeleton(config).named_modules():

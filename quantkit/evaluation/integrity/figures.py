@@ -32,8 +32,8 @@ part's own energy: the excess is about the part's round-to-nearest SQNR minus th
 ``EXCESS_CAP_DB``. ``gain = <Ŵ, W> / <W, W>`` is 1 when the scales are right on average; a
 scale off by a constant shows there first.
 
->>> from quantkit.scheme import QuantArgs
->>> from quantkit.primitives import quantize_weight, dequantize
+>>> from quantkit.config.scheme import QuantArgs
+>>> from quantkit.numerics.primitives import quantize_weight, dequantize
 >>> w = torch.randn(8, 64); args = QuantArgs(num_bits=4, group_size=32)
 >>> q, s, z = quantize_weight(w, args)
 >>> f = reconstruction(w, dequantize(q, s, z, args), args, "rtn")
@@ -53,8 +53,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...primitives import dequantize, quantize_weight
-from ...scheme import QuantArgs
+from quantkit.numerics.primitives import dequantize, quantize_weight
+from quantkit.config.scheme import QuantArgs
 
 SHARE = 0.25            # a part's expected error is at least this share of its parent's, per element
 FLOOR_DB = 70.0         # a module's expected SQNR counts as at most this (exact grids, zero weights)

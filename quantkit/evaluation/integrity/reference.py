@@ -22,13 +22,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ...algorithms import LayerContext
-from ...arch import arch_for
-from ...errors import QuantkitError
-from ...pipeline import build_skeleton, build_steps
-from ...pipeline.onload import dematerialize, get_module, materialize
-from ...pipeline.record import layer_file, load_result
-from ...recipe import Recipe
+from quantkit.steps import LayerContext
+from quantkit.arch.table import arch_for
+from quantkit.errors import QuantkitError
+from quantkit.pipeline import build_skeleton, build_steps
+from quantkit.pipeline.onload import dematerialize, get_module, materialize
+from quantkit.pipeline.record import layer_file, load_result
+from quantkit.recipe import Recipe
 
 _UNIT = re.compile(r"^(.+?\.\d+)\.")
 

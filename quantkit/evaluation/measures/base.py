@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
-    from ..backends.base import ScoredSlice
-    from ..forced import ItemStats
+    from quantkit.evaluation.backends.base import ScoredSlice
+    from quantkit.evaluation.forced import ItemStats
 
 GO, REVIEW, NOGO = "GO", "REVIEW", "NO-GO"
 RANK = {GO: 0, REVIEW: 1, NOGO: 2}

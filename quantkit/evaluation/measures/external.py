@@ -3,7 +3,7 @@
 integrity/). They have limits and a direction but no ``compute``."""
 from __future__ import annotations
 
-from .base import Measure, register
+from quantkit.evaluation.measures.base import Measure, register
 
 register(Measure("lm_eval_acc_drop", False, 0.05, 0.15, table=(),
                  evidence="W8A16 0.005, FP8_DYNAMIC -0.005, W4 RTN 0: as mc_accuracy_drop; per --lm-eval task, "

@@ -1,9 +1,9 @@
 """Greedy generation agreement: both models continue the same prompts."""
 from __future__ import annotations
 
-from ..backends.base import ScoredSlice
-from ..generation import prefix_agreement
-from .base import measure
+from quantkit.evaluation.backends.base import ScoredSlice
+from quantkit.evaluation.generation import prefix_agreement
+from quantkit.evaluation.measures.base import measure
 
 
 def _has_generations(s: ScoredSlice) -> bool:

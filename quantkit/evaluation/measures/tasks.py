@@ -2,8 +2,8 @@
 extraction and code (a positive drop is a loss)."""
 from __future__ import annotations
 
-from ..backends.base import ScoredSlice
-from .base import measure
+from quantkit.evaluation.backends.base import ScoredSlice
+from quantkit.evaluation.measures.base import measure
 
 
 @measure(name="mc_accuracy_drop", higher_is_better=False, review=0.05, nogo=0.15,
@@ -11,7 +11,7 @@ from .base import measure
          evidence="W8A16 0, FP8_DYNAMIC 0, W4 RTN -0.04: 48 questions, one question = 0.021",
          table=("mc_accuracy_base", "mc_accuracy_cand"), table_rank=8)
 def mc_accuracy_drop(s: ScoredSlice) -> float:
-    from ..tasks import mc_summary   # here: the registry is read without loading the models' code
+    from quantkit.evaluation.tasks import mc_summary   # here: the registry is read without loading the models' code
 
     c = s.choices
     summary = mc_summary(c.items, c.base, c.cand)

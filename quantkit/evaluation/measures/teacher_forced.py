@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
-from ..backends.base import ScoredSlice
-from ..perplexity import perplexity
-from .base import measure
+from quantkit.evaluation.backends.base import ScoredSlice
+from quantkit.evaluation.perplexity import perplexity
+from quantkit.evaluation.measures.base import measure
 
 
 def has_texts(s: ScoredSlice) -> bool:
@@ -25,7 +25,7 @@ def _has_focus(s: ScoredSlice) -> bool:
 
 
 def _buckets(s: ScoredSlice) -> dict[str, float]:
-    from ..divergence import bucket_measures   # here: the registry is read without loading torch
+    from quantkit.evaluation.divergence import bucket_measures   # here: the registry is read without loading torch
 
     return bucket_measures(s.forced.buckets)
 

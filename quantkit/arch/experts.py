@@ -1,0 +1,208 @@
+"""MoE experts as per-expert ``nn.Linear`` modules: the form quantization and checkpoints need.
+
+transformers 5 holds a sparse block's experts as fused 3-D parameters (``ArchSpec.moe``:
+``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and computes them in one
+module, while checkpoints on disk and vLLM's MoE loaders name every expert's linears apart.
+``unfuse_experts`` replaces each fused experts module (meta or real) by ``UnfusedExperts``, a
+``ModuleList`` of ``Expert``s with the checkpoint's names and the fused module's forward, so
+the block's own router and top-k code still run and every per-linear part of quantkit
+(hooks, Hessians, RTN, packing, writing, ``QuantLinear``) applies to ``<experts>.<e>.<linear>``
+unchanged. A block whose checkpoint name differs (Mixtral's ``block_sparse_moe``) is renamed
+in the layer's module tree; the layer's forward still finds it under its attribute.
+
+During calibration the runner gives each ``UnfusedExperts`` a ``Routing`` (``.routing``):
+the batch's real-token mask, whether every real token goes through every expert for
+statistics (the layer's output still sums the top-k experts only), and a record of the
+tokens each expert saw (``pipeline/coverage.py``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+
+from quantkit.arch.table import ARCHITECTURES, ArchSpec, MoESpec
+
+if TYPE_CHECKING:
+    from quantkit.pipeline.coverage import Routing
+
+
+class Expert(nn.Module):
+    """One expert's gated MLP: ``down(act(gate(x)) * up(x))``, its linears named as on disk."""
+
+    def __init__(self, names: tuple[str, str, str], hidden: int, inter: int, act: nn.Module,
+                 dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.names = names
+        gate, up, down = names
+        setattr(self, gate, nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device))
+        setattr(self, up, nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device))
+        setattr(self, down, nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device))
+        self.act_fn = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(self.act_fn(gate(x)) * up(x))
+
+
+class UnfusedExperts(nn.ModuleList):
+    """The fused experts module's forward over per-expert modules.
+
+    ``forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k])`` returns the sum over
+    each token's top-k experts of weight x expert output, as transformers' experts do (experts
+    in ascending order, each token's contributions added into zeros).
+    """
+
+    def __init__(self, experts: list[Expert]):
+        super().__init__(experts)
+        self.routing: "Routing | None" = None
+        # set while a layer too big for memory runs without its experts (pipeline/expert_stream.py):
+        # ``deferred(hidden, top_k_index, top_k_weights)`` records the block's inputs, and
+        # the experts add nothing here; their sum is added to the layer's output afterwards
+        self.deferred: Callable[..., None] | None = None
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(hidden_states)
+        if self.deferred is not None:
+            self.deferred(hidden_states, top_k_index, top_k_weights)
+            return out
+        routing = self.routing
+        real = routing.real_tokens() if routing is not None else None
+        real = real.to(hidden_states.device) if real is not None else None
+        for e, expert in enumerate(self):
+            if routing is None:
+                token, slot = torch.where(top_k_index == e)
+                if token.numel():
+                    y = expert(hidden_states[token]) * top_k_weights[token, slot, None]
+                    out.index_add_(0, token, y.to(out.dtype))
+                continue
+            # Calibration: each expert runs in every batch, even on no tokens, because the
+            # lockstep passes need every linear reached in every batch.
+            rows, weight, routed = calibration_rows(e, top_k_index, top_k_weights, real, routing.all_experts)
+            with routing.dispatch(e, routed=routed, seen=int(rows.numel())):
+                y = expert(hidden_states[rows])
+            out.index_add_(0, rows, (y * weight).to(out.dtype))
+        return out
+
+
+def calibration_rows(e: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, real: torch.Tensor | None,
+                     all_experts: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The positions expert ``e`` runs on during calibration, their routing weights ``[n, 1]``, and
+    how many of them are routed to it.
+
+    Padding (row ends, which no real token attends to) skips the experts, so every expert input
+    is a real token. With ``all_experts`` every real token runs through the expert for its
+    statistics, and the tokens not routed to it are weighted by exact zeros: the block's top-k
+    sum is unchanged. Shared by the block's forward and the expert-by-expert pass, so both add
+    the very same numbers in the very same order.
+    """
+    token, slot = torch.where(top_k_index == e)
+    if real is not None:
+        keep = real[token]
+        token, slot = token[keep], slot[keep]
+    if not all_experts:
+        return token, top_k_weights[token, slot, None], int(token.numel())
+    every = torch.nonzero(real).flatten() if real is not None else torch.arange(
+        top_k_index.shape[0], device=top_k_index.device)
+    weight = torch.zeros(top_k_index.shape[0], dtype=top_k_weights.dtype, device=top_k_weights.device)
+    weight[token] = top_k_weights[token, slot]
+    return every, weight[every, None], int(token.numel())
+
+
+def _spec(config) -> ArchSpec | None:
+    for name in getattr(config, "architectures", None) or []:
+        if name in ARCHITECTURES:
+            return ARCHITECTURES[name]
+    return None
+
+
+def moe_spec(config) -> MoESpec | None:
+    """The MoE entry of the config's architecture (None for a dense or unknown one)."""
+    spec = _spec(config)
+    return spec.moe if spec is not None else None
+
+
+def kept_patterns(config) -> list[str]:
+    """``ignore`` patterns for the MoE blocks' linears the architecture keeps in high precision."""
+    spec = _spec(config)
+    return spec.moe.kept() if spec is not None and spec.moe is not None else []
+
+
+def unfuse_model(model: nn.Module, config) -> int:
+    """``unfuse_experts`` on a model of ``config``'s architecture; a dense one is left as it is."""
+    spec = _spec(config)
+    if spec is None or spec.moe is None:
+        return 0
+    return unfuse_experts(model, spec.layers, spec.moe)
+
+
+def unfuse_experts(model: nn.Module, layers_path: str, moe: MoESpec) -> int:
+    """Replace every fused experts module under ``layers_path`` by ``UnfusedExperts``.
+
+    Works on the meta device (the pipeline's skeleton, ``quantkit.load``) and on real weights,
+    which are copied expert by expert. Returns the number of blocks unfused. Layers whose MLP
+    is dense (Qwen3-MoE's ``mlp_only_layers``) are left as they are.
+    """
+    count = 0
+    for layer in model.get_submodule(layers_path):
+        block = getattr(layer, moe.block, None)
+        fused = getattr(block, moe.experts, None) if block is not None else None
+        if fused is None or not isinstance(getattr(fused, moe.fused[0], None), torch.Tensor):
+            continue
+        gate_up, down = getattr(fused, moe.fused[0]), getattr(fused, moe.fused[1])
+        num, inter, hidden = gate_up.shape[0], gate_up.shape[1] // 2, gate_up.shape[2]
+        experts = [Expert(moe.linears, hidden, inter, fused.act_fn, gate_up.dtype, gate_up.device)
+                   for _ in range(num)]
+        if gate_up.device.type != "meta":
+            with torch.no_grad():
+                for e, expert in enumerate(experts):
+                    for name, w in zip(moe.linears, (gate_up[e, :inter], gate_up[e, inter:], down[e])):
+                        getattr(expert, name).weight.copy_(w)
+        setattr(block, moe.experts, UnfusedExperts(experts))
+        if moe.checkpoint_block != moe.block:
+            _rename_child(layer, moe.block, moe.checkpoint_block)
+        count += 1
+    return count
+
+
+def _rename_child(parent: nn.Module, old: str, new: str) -> None:
+    """Register child ``old`` as ``new`` (state dicts, module names) in place; ``parent.old`` still
+    reaches it, since the parent's forward calls it by that attribute."""
+    child = parent._modules[old]
+    parent._modules = OrderedDict((new if k == old else k, m) for k, m in parent._modules.items())
+    parent.__dict__[old] = child   # found before nn.Module.__getattr__, which no longer knows the name
+
+
+def per_expert_state(state: dict[str, torch.Tensor], config) -> dict[str, Any]:
+    """An in-memory model's state dict with fused experts split as checkpoints name them.
+
+    ``<layer>.<block>.<experts>.<fused[0]>`` becomes ``<layer>.<checkpoint_block>.<experts>.<e>.
+    <gate|up>.weight`` (views of its rows), ``<fused[1]>`` the down projections; the block's other
+    tensors (the router) move to ``checkpoint_block``. Copies: safetensors refuses tensors sharing storage. A dense model's state dict is returned as is.
+    """
+    spec = _spec(config)
+    if spec is None or spec.moe is None:
+        return state
+    moe, layers_path = spec.moe, spec.layers
+    out: dict[str, Any] = {}
+    for key, t in state.items():
+        head, sep, rest = key.partition(f".{moe.block}.")
+        if not (sep and head.startswith(layers_path + ".")):
+            out[key] = t
+            continue
+        block = f"{head}.{moe.checkpoint_block}."
+        if rest == f"{moe.experts}.{moe.fused[0]}":
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{block}{moe.experts}.{e}.{moe.linears[0]}.weight"] = t[e, :inter].clone()
+                out[f"{block}{moe.experts}.{e}.{moe.linears[1]}.weight"] = t[e, inter:].clone()
+        elif rest == f"{moe.experts}.{moe.fused[1]}":
+            for e in range(t.shape[0]):
+                out[f"{block}{moe.experts}.{e}.{moe.linears[2]}.weight"] = t[e].clone()
+        else:
+            out[block + rest] = t
+    return out

@@ -1,0 +1,219 @@
+"""Quantization arguments and schemes, validated on construction.
+
+``QuantArgs`` describes how one tensor (weights, input activations) is quantized;
+``QuantScheme`` groups them for a set of target modules. Field names and meanings match
+compressed-tensors' ``QuantizationArgs`` so a scheme serialises straight into a
+checkpoint's ``quantization_config``.
+
+Example:
+    >>> w4 = QuantArgs(num_bits=4, group_size=64)          # strategy inferred: "group"
+    >>> PRESETS["W8A8"].input_activations.strategy
+    'token'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Annotated, Any, Literal, Mapping, get_args
+
+from pydantic import AfterValidator, Field, StrictBool, StrictInt, StrictStr, model_validator
+
+from quantkit.errors import QuantkitError
+from quantkit.config.validation import config, invalid, parse
+
+# The integer widths the pack-quantized format packs into int32 words (formats/packing.py).
+PACKABLE_BITS = (2, 4, 8)
+
+Strategy = Literal["tensor", "channel", "group", "token"]
+QuantType = Literal["int", "float"]
+ActOrder = Literal["group", "weight"]
+STRATEGIES = get_args(Strategy)
+TYPES = get_args(QuantType)
+ACTORDERS = (None, *get_args(ActOrder))
+
+
+def _compiles(pattern: str) -> str:
+    if pattern.startswith("re:"):
+        try:
+            re.compile(pattern[3:])
+        except re.error as e:
+            raise invalid(f"'{pattern}' is not a valid regular expression ({e})") from None
+    return pattern
+
+
+#: A module name, a class name, or ``re:<regex>`` on the name (compressed-tensors targets and
+#: ignore entries); a regex that does not compile is refused when the config is read.
+ModulePattern = Annotated[StrictStr, AfterValidator(_compiles)]
+
+
+@config
+class QuantArgs:
+    """How one tensor is quantized.
+
+    ``strategy`` is inferred when omitted: "group" when ``group_size`` is set, else
+    "channel" for static tensors and "token" for dynamic ones.
+    """
+
+    num_bits: StrictInt = 8
+    type: QuantType = "int"
+    symmetric: StrictBool = True
+    strategy: Strategy | None = None
+    group_size: Annotated[StrictInt, Field(gt=0)] | None = None
+    dynamic: StrictBool = False
+    actorder: ActOrder | None = None
+    observer: Literal["minmax", "mse"] = "minmax"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "QuantArgs":
+        if self.strategy is None:
+            inferred = "group" if self.group_size is not None else ("token" if self.dynamic else "channel")
+            object.__setattr__(self, "strategy", inferred)  # frozen: set once, while validating
+        if self.type == "int" and not 2 <= self.num_bits <= 8:
+            raise invalid(f"int quantization supports 2..8 bits, got {self.num_bits}", "num_bits")
+        if self.type == "float":
+            if self.num_bits != 8:
+                raise invalid(f"float quantization supports 8 bits (E4M3), got {self.num_bits}", "num_bits")
+            if not self.symmetric:
+                raise invalid("float8 quantization must be symmetric", "symmetric")
+        if self.strategy == "group":
+            if self.group_size is None:
+                raise invalid("strategy 'group' needs a positive group_size", "group_size")
+        elif self.group_size is not None:
+            raise invalid(f"only valid with strategy 'group' (strategy is {self.strategy!r})", "group_size")
+        if self.strategy == "token" and not self.dynamic:
+            raise invalid("per-token quantization must be dynamic (static 'token' is impossible)", "strategy")
+        if self.actorder == "group" and self.strategy != "group":
+            raise invalid("'group' needs strategy 'group'", "actorder")
+        return self
+
+    # -- serialisation -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "quant_args") -> "QuantArgs":
+        return parse(cls, d, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The compressed-tensors QuantizationArgs form."""
+        return {
+            "num_bits": self.num_bits,
+            "type": self.type,
+            "symmetric": self.symmetric,
+            "group_size": self.group_size,
+            "strategy": self.strategy,
+            "block_structure": None,
+            "dynamic": self.dynamic,
+            "actorder": self.actorder,
+            "observer": None if self.dynamic else self.observer,
+            "observer_kwargs": {},
+        }
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.num_bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.num_bits - 1)) - 1
+
+    def check_width(self, in_features: int, where: str) -> None:
+        """Reject a group size that does not divide a layer's input width."""
+        if self.strategy == "group" and in_features % self.group_size != 0:
+            raise QuantkitError(
+                f"{where}: group_size {self.group_size} does not divide in_features {in_features}"
+            )
+
+
+@config
+class QuantScheme:
+    """Quantization of a set of modules: weights, input activations (optional)."""
+
+    targets: tuple[ModulePattern, ...] = ("Linear",)
+    weights: QuantArgs | None = None
+    input_activations: QuantArgs | None = None
+    output_activations: QuantArgs | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> "QuantScheme":
+        if self.weights is None and self.input_activations is None:
+            raise invalid("needs 'weights' or 'input_activations'")
+        if self.output_activations is not None:
+            raise invalid("not supported", "output_activations")
+        w, a = self.weights, self.input_activations
+        if w is not None and w.dynamic:
+            raise invalid("weights are quantized statically", "weights.dynamic")
+        if a is not None:
+            if a.strategy in ("group", "channel"):
+                raise invalid(f"'{a.strategy}' is not supported for activations", "input_activations.strategy")
+            if w is None or w.num_bits != 8 or a.num_bits != 8 or w.type != a.type:
+                raise invalid("only W8A8 (int8 x int8 or fp8 x fp8) is supported", "input_activations")
+            if w.strategy == "group":
+                raise invalid("W8A8 weights must be per tensor or per channel", "weights.strategy")
+            if w.type == "int" and not (a.symmetric and w.symmetric):
+                raise invalid("int8 W8A8 must be symmetric", "input_activations.symmetric")
+        if self.format == "pack-quantized" and not w.symmetric and w.strategy == "tensor":
+            # one zero point for the whole tensor: quantkit's packed layout has none (its
+            # zero points are packed per channel or group, as compressed-tensors packs them)
+            raise invalid("asymmetric weights need strategy 'channel' or 'group' in pack-quantized, "
+                          "not 'tensor'", "weights.strategy")
+        if self.format == "pack-quantized" and w.num_bits not in PACKABLE_BITS:
+            # codes of other widths would straddle the int32 words (formats/packing.py)
+            widths = ", ".join(map(str, PACKABLE_BITS[:-1])) + f" or {PACKABLE_BITS[-1]}"
+            raise invalid(f"pack-quantized packs {widths} bits, got {w.num_bits}", "weights.num_bits")
+        return self
+
+    @property
+    def format(self) -> str:
+        """The compressed-tensors format that stores this scheme."""
+        w, a = self.weights, self.input_activations
+        if a is None:
+            if w.type == "float":
+                return "float-quantized"
+            return "pack-quantized"
+        return "float-quantized" if w.type == "float" else "int-quantized"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "scheme") -> "QuantScheme":
+        return parse(cls, d, where)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "targets": list(self.targets),
+            "weights": self.weights.to_dict() if self.weights else None,
+            "input_activations": self.input_activations.to_dict() if self.input_activations else None,
+            "output_activations": None,
+            "format": self.format,
+        }
+
+
+def _preset(weights: QuantArgs, acts: QuantArgs | None = None) -> QuantScheme:
+    return QuantScheme(("Linear",), weights, acts)
+
+
+PRESETS: dict[str, QuantScheme] = {
+    "W4A16": _preset(QuantArgs(num_bits=4, group_size=128)),
+    "W4A16_ASYM": _preset(QuantArgs(num_bits=4, group_size=128, symmetric=False)),
+    "W8A16": _preset(QuantArgs(num_bits=8, strategy="channel")),
+    "W8A8": _preset(QuantArgs(num_bits=8, strategy="channel"), QuantArgs(num_bits=8, strategy="token", dynamic=True)),
+    "FP8": _preset(
+        QuantArgs(num_bits=8, type="float", strategy="tensor"),
+        QuantArgs(num_bits=8, type="float", strategy="tensor"),
+    ),
+    "FP8_DYNAMIC": _preset(
+        QuantArgs(num_bits=8, type="float", strategy="channel"),
+        QuantArgs(num_bits=8, type="float", strategy="token", dynamic=True),
+    ),
+}
+
+
+def preset(name: str) -> QuantScheme:
+    """Look up a preset scheme by name (case-insensitive)."""
+    key = name.upper()
+    if key not in PRESETS:
+        raise QuantkitError(f"scheme: unknown preset '{name}' (known: {', '.join(PRESETS)})")
+    return PRESETS[key]
+
+
+def with_group_size(scheme: QuantScheme, group_size: int) -> QuantScheme:
+    """A copy of ``scheme`` whose weights use ``group_size``."""
+    w = dataclasses.replace(scheme.weights, group_size=group_size, strategy="group")
+    return dataclasses.replace(scheme, weights=w)

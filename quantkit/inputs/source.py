@@ -1,0 +1,196 @@
+"""Where a model's weights come from: a Hugging Face folder of safetensors, read lazily.
+
+Only headers are read up front (so a corrupt or truncated shard fails before any work);
+tensors are read one at a time when the pipeline onloads the layer that owns them.
+Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
+
+Tensors are read into memory they own, not through a file map: safetensors' ``get_tensor``
+returns views of a map that stays alive (with every page read through it counted in the
+resident set) as long as any one of them lives, so a norm weight pending in the writer kept
+every layer read from its shard resident, and a conversion's peak grew with depth.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from safetensors import safe_open
+
+from quantkit.errors import QuantkitError
+from quantkit.inputs.model_folder import check_links
+
+
+class SafetensorsSource:
+    """Lazy tensor reader over the ``*.safetensors`` files of a model folder."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise QuantkitError(f"{self.folder}: model folder not found")
+        if not (self.folder / "config.json").exists():
+            raise QuantkitError(f"{self.folder / 'config.json'}: not found (is this a Hugging Face model folder?)")
+        check_links(self.folder)
+        files = self._shard_files()
+        self._where: dict[str, Path] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._handles: dict[Path, object] = {}
+        for f in files:
+            for name, entry in self._keys(f).items():
+                self._where[name] = f
+                self._entries[name] = entry
+
+    def _shard_files(self) -> list[Path]:
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, UnicodeDecodeError) as e:
+                raise QuantkitError(f"{index}: not a valid safetensors index ({type(e).__name__})") from None
+            files = sorted({self.folder / v for v in weight_map.values()})
+            for f in files:
+                if not f.exists():
+                    raise QuantkitError(f"{f}: shard listed in {index.name} is missing")
+            return files
+        files = sorted(self.folder.glob("*.safetensors"))
+        if files:
+            return files
+        pickled = sorted(p.name for p in self.folder.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
+        if pickled:
+            raise QuantkitError(
+                f"{self.folder / pickled[0]}: pickle checkpoints are not loaded (unsafe); convert the model to safetensors"
+            )
+        raise QuantkitError(f"{self.folder}: no *.safetensors weights found")
+
+    @staticmethod
+    def _keys(f: Path) -> dict[str, "_Entry"]:
+        """Each tensor's place in the file (validated by safetensors' own reader)."""
+        try:
+            size = f.stat().st_size
+            with open(f, "rb") as fh:
+                header_len = int.from_bytes(fh.read(8), "little")
+                if size < 8 or header_len <= 0 or 8 + header_len > size:
+                    raise ValueError("header runs past the end of the file")
+                header = json.loads(fh.read(header_len))
+            end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+            if 8 + header_len + end != size:
+                raise ValueError(f"file is {size} bytes, header describes {8 + header_len + end}")
+            with safe_open(f, framework="pt") as h:
+                names = list(h.keys())
+            start = 8 + header_len
+            return {k: _Entry(header[k]["dtype"], tuple(header[k]["shape"]), start + header[k]["data_offsets"][0],
+                              start + header[k]["data_offsets"][1]) for k in names}
+        except QuantkitError:
+            raise
+        except Exception as e:  # safetensors raises its own error types
+            raise QuantkitError(f"{f}: not a valid safetensors file, truncated or corrupt ({e})") from None
+
+    def files(self) -> list[Path]:
+        """The shard files the tensors come from."""
+        return sorted(set(self._where.values()))
+
+    def keys(self) -> Iterable[str]:
+        return self._where.keys()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def where(self, name: str) -> str:
+        """The file holding tensor ``name``, for messages."""
+        return str(self._where.get(name, self.folder))
+
+    def describe(self, name: str) -> tuple[torch.dtype | str, tuple[int, ...]]:
+        """Tensor ``name``'s dtype (safetensors' name when torch has none) and shape, from its header."""
+        e = self._entries[name]
+        return _DTYPES.get(e.dtype, e.dtype), e.shape
+
+    def get(self, name: str) -> torch.Tensor:
+        f = self._where.get(name)
+        if f is None:
+            raise QuantkitError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
+        e = self._entries[name]
+        dtype = _DTYPES.get(e.dtype)
+        if dtype is None:
+            raise QuantkitError(f"{f}: tensor '{name}' has dtype {e.dtype}, which quantkit does not read")
+        h = self._handles.get(f)
+        if h is None:
+            h = self._handles[f] = open(f, "rb")
+        buf = torch.empty(e.end - e.begin, dtype=torch.uint8)
+        h.seek(e.begin)
+        if h.readinto(buf.numpy()) != buf.numel():
+            raise QuantkitError(f"{f}: cannot read tensor '{name}' (file shorter than its header says)")
+        return buf.view(dtype).reshape(e.shape)
+
+    def release(self) -> None:
+        """Close the open files between layers."""
+        for h in self._handles.values():
+            h.close()
+        self._handles.clear()
+
+    def nbytes(self, names: Iterable[str] | None = None) -> int:
+        total = 0
+        for f in sorted(set(self._where.values())):
+            with open(f, "rb") as fh:
+                header_len = int.from_bytes(fh.read(8), "little")
+                header = json.loads(fh.read(header_len))
+            for k, v in header.items():
+                if k != "__metadata__" and (names is None or k in names):
+                    total += v["data_offsets"][1] - v["data_offsets"][0]
+        return total
+
+    def close(self) -> None:
+        self.release()
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """A tensor's dtype (safetensors' name), shape and byte range in its file."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+_DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "U16": torch.uint16,
+           "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64, "U64": torch.uint64,
+           "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+           "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2}
+
+
+class StateDictSource:
+    """The same interface over an in-memory model's state dict (the Python API's path)."""
+
+    def __init__(self, state_dict: dict[str, torch.Tensor], folder: Path | None = None):
+        self._sd = state_dict
+        self.folder = folder
+
+    def keys(self):
+        return self._sd.keys()
+
+    def __contains__(self, name):
+        return name in self._sd
+
+    def where(self, name: str) -> str:
+        return "model"
+
+    def describe(self, name: str) -> tuple[torch.dtype, tuple[int, ...]]:
+        t = self._sd[name]
+        return t.dtype, tuple(t.shape)
+
+    def get(self, name):
+        if name not in self._sd:
+            raise QuantkitError(f"model: tensor '{name}' is missing from the state dict")
+        return self._sd[name].detach()
+
+    def release(self):
+        pass
+
+    def nbytes(self, names=None):
+        return sum(t.numel() * t.element_size() for k, t in self._sd.items() if names is None or k in names)
+
+    def close(self):
+        pass

@@ -1,0 +1,91 @@
+"""Hessians from a layer's real calibration inputs, one layer pass per sub-group.
+
+The schedule for when the calibration set does not fit one pass (or ``true_sequential`` is
+off): each sub-group's Hessians are collected in a pass of their own, with the sub-groups
+before it already quantized, then solved; the pipeline runs the propagation pass after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from quantkit.errors import QuantkitError
+from quantkit.steps.base import LayerContext, QuantizedWeight
+from quantkit.quantizers.gptq.hessian import accumulate_hessian
+from quantkit.quantizers.gptq.solve import SolveSettings
+from quantkit.quantizers.gptq.stack import solve_batches, solve_stack
+
+
+@dataclass
+class HessianSet:
+    """Hessians of one forward pass: one per distinct input tensor.
+
+    ``leader[name]`` is the module whose input ``name`` shares (itself when not shared);
+    ``H`` and ``tokens`` are keyed by leader.
+    """
+
+    H: dict[str, torch.Tensor] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+    leader: dict[str, str] = field(default_factory=dict)
+
+    def sharing(self, leader: str) -> list[str]:
+        return [n for n, lead in self.leader.items() if lead == leader]
+
+
+def collect_hessians(ctx: LayerContext, names: list[str], offload: bool = False) -> HessianSet:
+    """Run the layer once with pre-hooks on ``names`` and accumulate their Hessians.
+
+    Linears called one after another with the very same tensor object (q/k/v on the
+    normed hidden states, gate/up) share one Hessian, accumulated once.
+    """
+    hs = HessianSet()
+    last: list[Any] = [None, None]  # the last input tensor accumulated, and its leader
+
+    def make_hook(name: str):
+        def hook(module: nn.Module, inputs: tuple) -> None:
+            x = inputs[0]
+            leader = last[1] if last[0] is x else name
+            if hs.leader.setdefault(name, leader) != leader:
+                raise RuntimeError(f"gptq: {ctx.name}.{name} changed which input it shares between calls")
+            if leader == name:
+                hs.H[name], hs.tokens[name] = accumulate_hessian(ctx.tokens(x.detach()), hs.H.get(name),
+                                                                 hs.tokens.get(name, 0))
+                last[0], last[1] = x, name
+        return hook
+
+    handles = [ctx.targets[n][0].register_forward_pre_hook(make_hook(n)) for n in names]
+    try:
+        with torch.no_grad():
+            ctx.forward()
+    finally:
+        for h in handles:
+            h.remove()
+        last[0] = None
+    missing = [n for n in names if n not in hs.leader]
+    if missing:
+        raise QuantkitError(f"{ctx.name}.{missing[0]}: never called during calibration (no Hessian)")
+    if offload:
+        hs.H = {k: v.cpu() for k, v in hs.H.items()}
+    return hs
+
+
+def quantize_in_passes(ctx: LayerContext, subgroups: list[list[str]], settings: SolveSettings,
+                       offload: bool = False) -> dict[str, QuantizedWeight]:
+    """One layer pass per sub-group: collect its Hessians, solve, and write the dequantized
+    weights into the layer, so that the next sub-group's inputs are computed with them."""
+    results: dict[str, QuantizedWeight] = {}
+    for index, names in enumerate(subgroups):
+        hs = collect_hessians(ctx, names, offload=offload)
+        for leader in list(hs.H):
+            H = hs.H.pop(leader)
+            for batch in solve_batches(ctx, hs.sharing(leader)):
+                solved = solve_stack(ctx, settings, batch, H, hs.tokens[leader], index, hs.sharing(leader))
+                for name, (qw, w_hat) in solved.items():
+                    ctx.targets[name][0].weight.data.copy_(w_hat)
+                    results[name] = qw
+            del H
+    return results

@@ -1,0 +1,84 @@
+"""QuantLinear: a Linear that computes from a checkpoint's packed tensors.
+
+Its buffers are named and laid out exactly as in the compressed-tensors checkpoint
+(``weight_packed``, ``weight_scale``, ``weight_zero_point``, ``weight_g_idx``, ``weight_shape``,
+``weight``, ``input_scale``), so ``load_state_dict`` fills it straight from the shards. The
+matrix product is delegated to a backend from ``quantkit.kernels`` ("torch" reference on
+any device, "triton" on CUDA), chosen per module and visible as ``.backend``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from quantkit.formats.packing import packed_cols
+from quantkit.config.scheme import QuantScheme
+from quantkit.kernels import get_backend
+
+
+class QuantLinear(nn.Module):
+    def __init__(self, in_features: int, out_features: int, bias: bool, scheme: QuantScheme,
+                 dtype: torch.dtype = torch.float32, device=None, backend: str | None = None):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.scheme = scheme
+        self.format = scheme.format
+        w, a = scheme.weights, scheme.input_activations
+        self.num_bits = w.num_bits
+        self.symmetric = w.symmetric
+        self.group_size = w.group_size if w.strategy == "group" else None
+        self.weight_strategy = w.strategy
+        self.input_dynamic = bool(a is not None and a.dynamic)
+        self.input_strategy = a.strategy if a is not None else None
+        self.dtype = dtype
+        kw = {"device": device}
+        if w.strategy == "group":
+            scale_shape = (out_features, in_features // w.group_size)
+        elif w.strategy == "channel":
+            scale_shape = (out_features, 1)
+        else:
+            scale_shape = (1,)
+        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=dtype, **kw))
+        if self.format == "pack-quantized":
+            self.register_buffer("weight_packed", torch.empty((out_features, packed_cols(in_features, w.num_bits)), dtype=torch.int32, **kw))
+            self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=device))
+            if not w.symmetric:
+                zp_shape = (packed_cols(out_features, w.num_bits), scale_shape[-1])
+                self.register_buffer("weight_zero_point", torch.empty(zp_shape, dtype=torch.int32, **kw))
+            else:
+                self.weight_zero_point = None
+        else:
+            wdtype = torch.float8_e4m3fn if w.type == "float" else torch.int8
+            self.register_buffer("weight", torch.empty((out_features, in_features), dtype=wdtype, **kw))
+            self.weight_zero_point = None
+        if w.actorder == "group":
+            self.register_buffer("weight_g_idx", torch.empty((in_features,), dtype=torch.int32, **kw))
+        else:
+            self.weight_g_idx = None
+        if a is not None and not a.dynamic:
+            self.register_buffer("input_scale", torch.empty((1,), dtype=dtype, **kw))
+        else:
+            self.input_scale = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, **kw), requires_grad=False)
+        else:
+            self.bias = None
+        self.backend = backend or "torch"
+        self._kernel = None
+        self._cache: dict = {}
+
+    def set_backend(self, name: str) -> None:
+
+        self._kernel = get_backend(self.format, name)
+        self.backend = name
+        self._cache.clear()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._kernel is None:
+            self.set_backend(self.backend)
+        return self._kernel(x, self)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}, "
+                f"bits={self.num_bits}, group_size={self.group_size}, backend={self.backend}")

@@ -1,0 +1,182 @@
+"""What transforms observe of a layer in one calibration pass, and the replay their searches loop on.
+
+One pass over every calibration batch (``LayerContext.forward_batches``) records, through
+forward hooks, for the linears asked:
+
+- per input channel: mean |x| (AWQ's activation salience) and max |x| (SmoothQuant's range);
+- per group of input channels: the Gram matrix ``X_g^T X_g / n`` (the block diagonal of
+  GPTQ's Hessian): the output error of a change ``d`` of a weight row's group is exactly
+  ``d^T G_g d``, so clip ranges are searched over every calibration token at the cost of
+  one small matrix product per candidate;
+
+and, for the parent modules asked, on the first batches only (the search's sample): their
+call arguments and float outputs at real tokens, so that a search can run the parent again
+with candidate weights (``Replay.loss``) without running the whole layer.
+
+``skip_first`` leaves the first tokens of every row out of all of it. The first position is an
+attention sink: in SmolLM2's last layers its down_proj input holds most of the squared signal of
+a 512-token row (77% in layer 28, 42x the median token's norm), so a squared-error loss and a
+mean |x| taken over every token are decided by one token per row, whose error the next norm
+divides by that same large norm.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from quantkit.steps.base import LayerContext
+
+
+@dataclass
+class ChannelStats:
+    abs_sum: torch.Tensor
+    abs_max: torch.Tensor
+    count: int = 0
+    gram: torch.Tensor | None = None      # [groups, group_size, group_size], summed
+    group_size: int = 0
+    full: torch.Tensor | None = None      # [in, in], summed: the whole Gram (with ``full_gram``)
+
+    @property
+    def abs_mean(self) -> torch.Tensor:
+        return self.abs_sum / max(self.count, 1)
+
+    def group_gram(self) -> torch.Tensor:
+        return self.gram / max(self.count, 1)
+
+    def full_gram(self) -> torch.Tensor:
+        return self.full / max(self.count, 1)
+
+
+@dataclass
+class Replay:
+    """A parent module's captured calls (first batches) and its float outputs at real tokens."""
+
+    module: nn.Module
+    calls: list[tuple[tuple, dict, torch.Tensor]] = field(default_factory=list)  # args, kwargs, kept positions
+    reference: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(int(k.numel()) for _, _, k in self.calls)
+
+    def outputs(self) -> list[torch.Tensor]:
+        out = []
+        with torch.no_grad():
+            for args, kwargs, keep in self.calls:
+                y = self.module(*args, **kwargs)
+                y = y[0] if isinstance(y, (tuple, list)) else y
+                out.append(y.reshape(-1, y.shape[-1])[keep])
+        return out
+
+    def loss(self) -> float:
+        """Mean squared error of the module's output now against the float reference."""
+        total, n = 0.0, 0
+        for y, ref in zip(self.outputs(), self.reference):
+            total += float((y.float() - ref).pow(2).sum())
+            n += ref.numel()
+        return total / max(n, 1)
+
+
+def search_batches(ctx: LayerContext, tokens: int) -> list[int]:
+    """The first batches holding at least ``tokens`` calibration tokens (batches are similar in size)."""
+    if ctx.num_batches <= 0:
+        return []
+    per = max(ctx.num_tokens / ctx.num_batches, 1.0)
+    return list(range(min(ctx.num_batches, max(1, math.ceil(tokens / per)))))
+
+
+def after_first(keep: torch.Tensor, row_len: int, skip: int) -> torch.Tensor:
+    """The flat token indices ``keep`` (real tokens, row-major) without the first ``skip`` of each row.
+
+    >>> after_first(torch.tensor([0, 1, 2, 5, 6, 7]), row_len=4, skip=1).tolist()
+    [1, 2, 6, 7]
+    """
+    if skip <= 0 or keep.numel() == 0:
+        return keep
+    _, counts = torch.unique_consecutive(keep // row_len, return_counts=True)
+    starts = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
+    return keep[torch.arange(keep.numel()) - starts >= skip]
+
+
+def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], batches: list[int],
+                  group_size: dict[str, int] | None = None,
+                  skip_first: int = 0, full_gram: set[str] | None = None,
+                  ) -> tuple[dict[str, ChannelStats], dict[str, Replay]]:
+    """One pass over every calibration batch: channel statistics of ``linears``, replays of ``parents``.
+
+    ``group_size[name]``: also accumulate that linear's per-group Gram matrices.
+    ``full_gram``: linears whose whole ``[in, in]`` Gram is accumulated too (computed once for
+    linears that read the same input tensor, such as q/k/v).
+    ``skip_first``: leave the first tokens of each row out (see the module docstring).
+    """
+    group_size = group_size or {}
+    full_gram = full_gram or set()
+    last_input: dict[str, object] = {"x": None, "gram": None}   # q/k/v see one tensor: one product
+
+    def kept(x: torch.Tensor) -> torch.Tensor:
+        """Flat indices of the tokens of ``x`` ([rows, row_len, features] or [tokens, features]) observed."""
+        positions = torch.arange(x.shape[:-1].numel()).view(*x.shape[:-1], 1)
+        keep = ctx.tokens(positions).flatten()
+        return after_first(keep, x.shape[-2] if x.dim() > 2 else x.shape[0], skip_first)
+
+    stats: dict[str, ChannelStats] = {}
+    replays = {p: Replay(ctx.layer.get_submodule(p)) for p in parents}
+    sample = set(batches)
+    pending: dict[str, tuple[tuple, dict, torch.Tensor]] = {}
+
+    def stat_hook(name: str):
+        def hook(module: nn.Module, inputs: tuple) -> None:
+            x = inputs[0].detach()
+            x = (x.reshape(-1, x.shape[-1])[kept(x)] if skip_first else ctx.tokens(x)).float()
+            st = stats.get(name)
+            if st is None:
+                st = stats[name] = ChannelStats(torch.zeros(x.shape[-1]), torch.zeros(x.shape[-1]))
+                if name in group_size:
+                    g = group_size[name]
+                    st.gram, st.group_size = torch.zeros(x.shape[-1] // g, g, g), g
+                if name in full_gram:
+                    st.full = torch.zeros(x.shape[-1], x.shape[-1])
+            if st.full is not None:
+                if last_input["x"] is not inputs[0]:
+                    last_input["x"], last_input["gram"] = inputs[0], x.T @ x
+                st.full += last_input["gram"]
+            st.abs_sum += x.abs().sum(0)
+            st.abs_max = torch.maximum(st.abs_max, x.abs().amax(0))
+            st.count += x.shape[0]
+            if st.gram is not None:
+                xg = x.view(x.shape[0], -1, st.group_size).transpose(0, 1)   # [groups, n, g]
+                st.gram += xg.transpose(1, 2) @ xg
+        return hook
+
+    def parent_pre(name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if ctx.batch_index() in sample:
+                first = args[0] if args else kwargs["hidden_states"]
+                pending[name] = (args, dict(kwargs), kept(first))
+        return hook
+
+    def parent_post(name: str):
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output) -> None:
+            if name in pending:
+                a, kw, keep = pending.pop(name)
+                y = output[0] if isinstance(output, (tuple, list)) else output
+                replays[name].calls.append((a, kw, keep))
+                replays[name].reference.append(y.detach().reshape(-1, y.shape[-1])[keep].float())
+        return hook
+
+    handles = [ctx.layer.get_submodule(n).register_forward_pre_hook(stat_hook(n)) for n in linears]
+    for p in parents:
+        m = ctx.layer.get_submodule(p)
+        handles.append(m.register_forward_pre_hook(parent_pre(p), with_kwargs=True))
+        handles.append(m.register_forward_hook(parent_post(p), with_kwargs=True))
+    try:
+        ctx.forward_batches()
+    finally:
+        for h in handles:
+            h.remove()
+        last_input.clear()
+    return stats, replays
