@@ -23,8 +23,7 @@ from pydantic import BeforeValidator, StrictStr, model_validator
 
 from quantkit.errors import QuantkitError
 from quantkit.config.scheme import QuantArgs, QuantScheme
-from quantkit.config.validation import config, invalid
-from quantkit.config.validation import parse
+from quantkit.config.validation import config, invalid, parse
 
 #: The named candidates a recipe may list (symmetric int, min-max ranges unless the recipe's own
 #: weights say otherwise: see ``like``). ``KEEP`` keeps the module in the checkpoint's dtype.

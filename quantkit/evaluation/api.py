@@ -27,10 +27,8 @@ from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
 from quantkit.evaluation.tasks import mc_summary
 from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
-from quantkit.evaluation.report import to_json
-from quantkit.evaluation.report import save
-from quantkit.evaluation.lm_eval_bridge import task_manager
-from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures
+from quantkit.evaluation.report import save, to_json
+from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures, task_manager
 
 if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport

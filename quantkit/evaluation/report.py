@@ -20,10 +20,9 @@ from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.common.outputs import OutputPolicy, ordinary_permissions
 from quantkit.evaluation.measures import table_columns
 from quantkit.evaluation.verdict import noise_text
-from quantkit.sensitivity.report import section
+from quantkit.sensitivity.report import frontier_png, section
 from quantkit.evaluation.integrity import flagged_rows
 from quantkit.evaluation.integrity.reference import unit_of
-from quantkit.sensitivity.report import frontier_png
 import numpy as np
 
 SCHEMA_VERSION = 1

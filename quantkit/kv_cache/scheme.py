@@ -20,9 +20,8 @@ from pydantic import Field, StrictBool, StrictInt, model_validator
 from torch import nn
 
 from quantkit.numerics.primitives import FP8_MAX
-from quantkit.config.validation import config, invalid
+from quantkit.config.validation import config, invalid, parse
 from quantkit.errors import QuantkitError
-from quantkit.config.validation import parse
 
 KV_SCALE_NAMES = ("k_scale", "v_scale")
 KVStrategy = Literal["tensor", "attn_head"]

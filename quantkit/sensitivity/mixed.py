@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from quantkit.errors import QuantkitError
-from quantkit.config.candidates import DEFAULT_CANDIDATES, candidate, check_candidates, like
+from quantkit.config.candidates import candidate, check_candidates, DEFAULT_CANDIDATES, fits, like
 from quantkit.sensitivity.data import Sensitivity
 from quantkit.sensitivity.units import plan_units
 from quantkit.arch.experts import moe_spec
@@ -18,7 +18,6 @@ from quantkit.sensitivity.apply import planned_recipe
 from quantkit.sensitivity.planner import plan
 from quantkit.sensitivity.search import DEFAULT_METHOD, SearchOptions, sensitivity_search
 import math
-from quantkit.config.candidates import fits
 
 if TYPE_CHECKING:
     from torch import nn

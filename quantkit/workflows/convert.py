@@ -40,15 +40,12 @@ from quantkit.recipe import CalibrationSettings, Recipe, load_recipe
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
 from quantkit.runtime.loader import load
-from quantkit.inputs.models import default_model_dir
+from quantkit.inputs.models import cache_dir, default_model_dir
 from quantkit.calibration import load_calibration
 from quantkit.pipeline.memory import available_memory
-from quantkit.inputs.models import cache_dir
-from quantkit.sensitivity.mixed import check_mixed
-from quantkit.sensitivity.mixed import plan_recipe
+from quantkit.sensitivity.mixed import check_mixed, PLAN_FILE, plan_recipe, SENSITIVITY_FILE
 from quantkit.sensitivity import candidates_from
 from quantkit.sensitivity.search import SearchOptions, sensitivity_search
-from quantkit.sensitivity.mixed import PLAN_FILE, SENSITIVITY_FILE
 import sys
 from quantkit.pipeline.onload import build_skeleton
 

@@ -40,8 +40,7 @@ from quantkit.config.scheme import QuantScheme
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.evaluation.integrity.figures import EXCESS_CAP_DB, reconstruction
 from quantkit.evaluation.integrity.reference import Reference, read_quantization_log, unit_of
-from quantkit.pipeline import residuals
-from quantkit.pipeline import build_skeleton
+from quantkit.pipeline import build_skeleton, residuals
 
 KV_SCALES = ("k_scale", "v_scale")
 _SAME_MODEL = ("architectures", "num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size")

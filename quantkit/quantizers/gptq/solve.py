@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.numerics.primitives import dequantize
-from quantkit.numerics.primitives import quantize_weight as rtn_quantize_weight
+from quantkit.numerics.primitives import dequantize, quantize_weight as rtn_quantize_weight
 from quantkit.config.scheme import QuantArgs
 from quantkit.quantizers.gptq.columns import ColumnLoop, column_grid, column_groups, column_loop, qparams_before_solve
 from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION
