@@ -289,8 +289,10 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
 
 def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
     from quantkit.evaluation import evaluate_checkpoint
+    from quantkit.workflows.model_card import write_card
 
     evaluate_checkpoint(model, path, recipe, calib)
+    write_card(path)   # the card gains the verdict table
 
 
 @app.command()

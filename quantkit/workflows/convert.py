@@ -36,11 +36,12 @@ from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.pipeline import PipelineResult, RunOptions, run_pipeline
 from quantkit.pipeline.layout import check_checkpoint
 from quantkit.pipeline.resume import RunBook, open_run, run_keys
+from quantkit.workflows.model_card import write_card
 from quantkit.recipe import CalibrationSettings, Recipe, load_recipe
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
 from quantkit.runtime.loader import load
-from quantkit.inputs.models import cache_dir, default_model_dir
+from quantkit.inputs.models import DEFAULT_MODEL_ID, cache_dir, default_model_dir
 from quantkit.calibration import load_calibration
 from quantkit.pipeline.memory import available_memory
 from quantkit.sensitivity.mixed import check_mixed, PLAN_FILE, plan_recipe, SENSITIVITY_FILE
@@ -412,6 +413,7 @@ def _write_checkpoint(job: _Conversion) -> PipelineResult:
         if job.planned:
             _write_plan(writer, *job.planned)
         _record_log(writer, job.warnings, job.drawn)
+        write_card(writer.tmp, base_model_name(job.model, job.folder))
         shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
     except KeyboardInterrupt:
         # several ranks are never resumed (check_data_parallel): nothing worth keeping
@@ -425,6 +427,21 @@ def _write_checkpoint(job: _Conversion) -> PipelineResult:
             raise disk_full_error(writer.tmp.parent, None, "writing the checkpoint") from None
         raise
     return result
+
+
+def base_model_name(model, folder: Path | None) -> str:
+    """What the model card names as the base model: the embedded default's Hugging Face id, else
+    the id a folder's config.json was saved from, else the folder's name."""
+    if model is None:
+        return DEFAULT_MODEL_ID
+    if folder is None:
+        return type(model).__name__
+    try:
+        saved_from = str(read_config_json(folder).get("_name_or_path") or "")
+    except QuantkitError:
+        saved_from = ""
+    looks_like_id = saved_from.count("/") == 1 and not saved_from.startswith((".", "/", "~"))
+    return saved_from if looks_like_id else folder.name
 
 
 def _open_writer(job: _Conversion) -> tuple[RunBook | None, ShardWriter]:

@@ -139,6 +139,14 @@ def test_convert_with_a_log_evaluates_its_tasks_without_the_drawn_rows(base, tmp
     assert "business:support" in data["slices"]
     counts = data["meta"]["business"]["tasks"]["support"]
     assert counts["rows"] == 40 and counts["in_calibration"] == 8
+    # convert's own evaluation step puts the verdict into the checkpoint's model card
+    from quantkit.cli import _maybe_eval
+    _maybe_eval(str(model_dir), tmp_path / "ckpt", r, str(log))
+    card = (tmp_path / "ckpt" / "README.md").read_text()
+    decision = json.loads((tmp_path / "ckpt" / "eval" / "report.json").read_text())["decision"]
+    assert f"**{decision}**" in card and "| business:support |" in card
+    assert "| Calibration | 8 samples" in card and "`traffic.jsonl` (jsonl" in card
+    assert _conversation(0)[1]["content"] not in card   # the calibration text stays out
     # a sampler folder does not name its log: no business slices, and a line says how to add them
     out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(tmp_path))
     assert not any(k.startswith("business:") for k in json.loads((out / "report.json").read_text())["slices"])
