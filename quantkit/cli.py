@@ -158,6 +158,7 @@ def _convert(f: ConvertFlags) -> None:
     _say_done(q.summary(), path)
     if go:
         _say_smallest_go(path)
+        _card_with_verdict(path)   # the search evaluated the plan it kept
     elif not f.no_eval:
         _maybe_eval(f.model, path, r, f.calib)
 
@@ -289,10 +290,16 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
 
 def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
     from quantkit.evaluation import evaluate_checkpoint
-    from quantkit.workflows.model_card import write_card
 
     evaluate_checkpoint(model, path, recipe, calib)
-    write_card(path)   # the card gains the verdict table
+    _card_with_verdict(path)
+
+
+def _card_with_verdict(path: Path) -> None:
+    """The checkpoint's model card rendered again, now with its evaluation's verdict."""
+    from quantkit.workflows.model_card import write_card
+
+    write_card(path)
 
 
 @app.command()

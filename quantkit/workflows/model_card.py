@@ -159,7 +159,8 @@ def card_facts(folder: Path, base_model: str | None = None) -> CardFacts:
         base_model = base_model or str(front.get("base_model"))
         body = body.split(BASE_CARD_HEADING, 1)[1].lstrip("\n") if BASE_CARD_HEADING in body else ""
     report = folder / "eval" / "report.json"
-    verdict = json.loads(report.read_text(encoding="utf-8")).get("verdict") if report.is_file() else None
+    data = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
+    verdict = data.get("verdict") or ({"decision": data["decision"]} if "decision" in data else None)
     shards = sorted(folder.glob("*.safetensors"))
     return CardFacts(base_model=base_model or folder.name, recipe=str(log.get("recipe", {}).get("name", "custom")),
                      groups=list((qc.get("config_groups") or {}).values()), ignore=list(qc.get("ignore") or []),

@@ -121,3 +121,5 @@ def test_cli_budget_go_writes_the_smallest_go_plan_and_says_what_it_tried(text_m
     assert found["bits_per_weight"] >= 7.0 and Plan.load(tmp_path / "out" / "plan.json").nbytes == found["nbytes"]
     assert f"smallest GO: {found['bits_per_weight']:.3f} bits per weight" in r.stdout
     assert json.loads((tmp_path / "out" / "eval" / "report.json").read_text())["decision"] == "GO"
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "**GO**" in card and "Not evaluated yet" not in card   # the kept plan's verdict is in its card
