@@ -8,35 +8,26 @@ checkout (``PYTHONPATH=<checkout>``, same machine, ``OMP_NUM_THREADS=2``):
     quantkit convert --recipe R --no-eval --out OUT/R      for R in w8a16 w4a16-g64 fp8-dynamic w8a8
     quantkit convert --recipe w4a16-g64-gptq --out OUT/w4a16-g64-gptq   (with its evaluation)
 
-Every tensor is compared by name (whatever the shard layout) through its bytes' sha256, and
+Every tensor is compared by name (whatever the shard layout) through its dtype, shape and
+its bytes' sha256 (tests/golden/tensor_digests.py), and
 ``w4a16-g64-gptq/eval/report.json`` value by value with the key order ignored and the timing
 fields (seconds, free memory, paths) left out. Exit status 1 when anything differs.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
+
+# the tiny-model golden check's digest: dtype, shape and the bytes' sha256 of each tensor by name
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "golden"))
+from tensor_digests import digests  # noqa: E402
 
 RECIPES = ("w8a16", "w4a16-g64", "fp8-dynamic", "w8a8", "w4a16-g64-gptq")
 # Fields that measure the run, not the model: wall and CPU time, free memory, where it ran.
 VOLATILE = {"seconds_per_slice", "cpu_seconds_per_slice", "seconds_total", "cpu_seconds_total", "free_gib",
             "integrity_seconds", "seconds", "baseline", "candidate"}
-
-
-def digests(folder: Path) -> dict[str, str]:
-    import torch
-    from safetensors import safe_open
-
-    out = {}
-    for f in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(f), framework="pt") as h:
-            for name in h.keys():
-                t = h.get_tensor(name).contiguous()
-                out[name] = hashlib.sha256(t.view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
-    return out
 
 
 def differences(a, b, path: str = "") -> list[str]:

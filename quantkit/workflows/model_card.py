@@ -175,6 +175,9 @@ def write_card(folder: Path, base_model: str | None = None) -> Path:
     path = Path(folder) / CARD
     text = render(card_facts(Path(folder), base_model))
     tmp = path.with_name(f".{CARD}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)   # a failed write (a full disk) leaves no half card behind
     return path
