@@ -10,31 +10,34 @@ The estimator, at one position, with p the baseline's and q the candidate's prob
 the actual next token:
 
 1. Support. S is the baseline's listed tokens plus t. Every p_i, i in S, is known exactly.
-2. Candidate side. q_i is known exactly when the candidate listed i, and for i = t (K: the
-   tokens of S known on both sides). Each other i in S (m of them: the baseline ranks them high,
-   the candidate does not) gets the imputed q_i = min(q_min, U / m), q_min the smallest
-   probability the candidate listed and U the mass the candidate left outside its list and t:
-   an unlisted token is at most as likely as the least likely listed one, and the m of them
-   share at most U.
+2. Candidate side. q_i is known exactly when the candidate listed i, and for i = t. Each other
+   i in S (m of them: the baseline ranks them high, the candidate does not) gets the imputed
+   q_i = min(q_min, U / m), q_min the smallest probability the candidate listed and U the mass
+   the candidate left outside its list and t: an unlisted token is at most as likely as the
+   least likely listed one, and the m of them share at most U.
 3. Tail bucket. The tokens outside S are merged into one bucket, on both sides:
    p_rest = 1 - sum_S p_i, q_rest = 1 - sum_S q_i, each clamped to at least FLOOR.
 4. The coarsened KL, a lower bound:
    L = sum_{i in S} p_i log(p_i / q_i) + p_rest log(p_rest / q_rest).
 5. The tail term. Merging the tail loses p_rest * KL(p | rest || q | rest), the divergence
    inside it, which no list shows. To second order KL(p || q) = Var_p(d) / 2 with
-   d_i = log p_i - log q_i; the tail's d is taken to spread as much as the head's, so the term
-   is T = p_rest * v / 2, v the p-weighted variance of d over K with the reliability-weights
-   correction (divided by 1 - sum w_i^2, w_i = p_i / sum_K p): a few tokens, one of them
-   dominant, would otherwise understate it. T = 0 when K holds fewer than two tokens.
+   d_i = log p_i - log q_i; the tail's d is taken to spread as much as it does over B, the
+   tokens both models listed, so T = p_rest * v / 2 with v the p-weighted variance of d over B,
+   corrected for few weights (divided by 1 - sum_B w_i^2, w_i = p_i / sum_B p): a handful of
+   tokens, one of them dominant, would otherwise understate it. T = 0 when B holds fewer than
+   two tokens. The target counts in B only when both models listed it: a target the candidate
+   all but rules out (d of 15 nats, measured) is exact in L, and as a variance sample it would
+   say the whole tail moved that much.
 6. KL_hat = max(L + T, 0).
 
 Why L is a lower bound. Merging outcomes can only lose divergence (the data-processing
 inequality): with exact q_i on S, L is the KL of the coarsened distributions, and the exact KL
 exceeds it by the tail's divergence. The imputation (step 2) is an upper bound of each unseen
 q_i, which also errs low. When k covers the vocabulary, S is every token, p_rest is 0 and
-KL_hat is the exact KL. Measured on SmolLM2-135M (benchmarks/topk_kl.py) L alone misses a
-quarter of the KL at k = 20; T recovers most of it for FP8 and int8 candidates and part of it for
-a 4-bit one, whose tail moves more than its head: KL_hat still errs low there.
+KL_hat is the exact KL. Measured on SmolLM2-135M (benchmarks/topk_kl.py, k = 20) L misses about
+a quarter of the KL; T recovers most of it, and KL_hat still errs low (FP8 and int8 candidates:
+7-9% on the mean, at most about 15% on a slice; a 4-bit one, whose tail moves more than its
+head: 15%).
 
 Robustness: a log-probability that is NaN is treated as not given (a listed token drops out of
 its list; a NaN target leaves t out of S and gives a NaN NLL, as the server gave nothing to
@@ -141,13 +144,13 @@ def topk_kl(base: TopK, cand: TopK, target: int | None = None, tail: bool = True
     p = _listed(base.top) if target is None else _target(base, target, _listed(base.top))
     q_listed = _listed(cand.top)
     q = q_listed if target is None else _target(cand, target, q_listed)
-    known = [i for i in p if i in q]
+    both = [i for i in p if i in base.top and i in q_listed]
     q = _imputed(p, q, q_listed)
     p_rest = max(1.0 - sum(p.values()), FLOOR)
     q_rest = max(1.0 - sum(q[i] for i in p), FLOOR)
     kl = sum(_kl_term(pi, q[i]) for i, pi in p.items()) + _kl_term(p_rest, q_rest)
     if tail:
-        kl += _tail_term(p, q, known, p_rest)
+        kl += _tail_term(p, q, both, p_rest)
     return max(kl, 0.0)
 
 

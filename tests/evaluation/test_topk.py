@@ -13,9 +13,9 @@ import torch
 from quantkit.evaluation.divergence import token_stats
 from quantkit.evaluation.topk import TopK, topk_kl, topk_of_logits, topk_token_stats
 
-# benchmarks/topk_kl_measured.json at k = 20: FP8_DYNAMIC and W8A8 mean KL estimated 2.7% and 4.0% low,
-# every slice within 15%; W4A16 g64 14% low. The bounds keep a margin over those.
-REL_ERROR_8BIT = 0.10
+# benchmarks/topk_kl_measured.json at k = 20: FP8_DYNAMIC and W8A8 mean KL estimated 8.5% and 6.6% low,
+# their worst slice 15.3% low; W4A16 g64 15.3% low, its worst slice 23%. The bounds are those worst slices.
+REL_ERROR_8BIT = 0.16
 REL_ERROR_4BIT = 0.25
 
 
@@ -73,6 +73,7 @@ def test_the_estimate_is_within_the_measured_error_on_an_unseen_model(noise, bou
     est = float(estimate(base, cand, targets, 20)["kl"].double().mean())
     low = float(estimate(base, cand, targets, 20, tail=False)["kl"].double().mean())
     assert abs(est / exact - 1) <= bound, (exact, est)
+    assert est < exact     # it errs low, as on SmolLM2: a server's reading is the optimistic one
     assert abs(est - exact) < abs(low - exact)     # the tail term helps
 
 
