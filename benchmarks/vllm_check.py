@@ -71,12 +71,13 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from quantkit.serving.processes import session_members, stop_session
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
@@ -136,42 +137,14 @@ def heldout_windows(tokenizer, windows: int, window: int, text: str = "pydoc") -
 
 
 # -- process tree ------------------------------------------------------------------------------
-def _session_members(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2:].split()
-        if int(fields[3]) == sid:  # fields: state ppid pgrp session ...
-            pids.append(int(entry))
-    return pids
+_session_members = session_members
 
 
 def kill_tree(proc: subprocess.Popen) -> int:
-    """Stop the worker and everything it started (vLLM's engine core outlives its parent).
-
-    The worker runs in its own session (``start_new_session``); its children stay in it even
-    after being re-parented, so the session id finds them all. Returns how many were killed.
-    """
-    sid = proc.pid
-    killed = 0
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        members = _session_members(sid)
-        if not members:
-            break
-        for pid in members:
-            try:
-                os.kill(pid, sig)
-                killed += sig == signal.SIGTERM
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 10
-        while time.time() < deadline and _session_members(sid):
-            time.sleep(0.2)
+    """Stop the worker and everything it started (vLLM's engine core outlives its parent): the
+    worker runs in its own session (``start_new_session``), whose id finds them all
+    (quantkit/serving/processes.py). Returns how many were signalled."""
+    killed = stop_session(proc.pid)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:

@@ -16,6 +16,7 @@ from quantkit.kernels import backend_fallbacks
 from quantkit.evaluation.bootstrap import row_intervals
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
 from quantkit.evaluation.backends.in_process import InProcessBackend
+from quantkit.evaluation.backends.served import ServedModels, ServedPass
 from quantkit.evaluation.business import BusinessRows, business_meta, read_business
 from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
@@ -315,6 +316,47 @@ def evaluate(baseline, candidate, tokenizer, config: EvalConfig | None = None, *
                       None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, suite.by_variant)
 
 
+def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None = None, **fields) -> EvalResult:
+    """``evaluate`` with both models behind a server (backends/served.py), scored in turn: the
+    baseline's pass, then the candidate's, each inside ``served``'s context for it (quantkit's own
+    vLLM server, started and stopped there, or the user's endpoint).
+
+    The deployment length is ``config.max_len`` (``served.max_len`` when None); windows hold at
+    most ``served.max_window`` tokens (a served prompt plus one output token must fit the server's
+    ``max_model_len``: one token less than the deployment length when the model allows no more). What a server cannot give (views of the candidate, lm-eval tasks) is
+    refused, and ``served.not_measured()`` is listed in the report."""
+    cfg = replace(config, **fields) if config is not None else EvalConfig(**fields)
+    if cfg.variants:
+        raise QuantkitError("--kv: KV-cache options are applied in quantkit's own path only, not in the engine")
+    if cfg.lm_eval_tasks:
+        raise QuantkitError("--lm-eval: lm-eval tasks run in quantkit's own path only, not in the engine")
+    length = cfg.max_len or served.max_len
+    reach = Reach(length, cfg.max_len_source or served.max_len_source, min(length, served.max_window), 0.0, 0.0,
+                  limited_by="engine")
+    setup = _set_up_slices(reach, served.baseline_folder, tokenizer, cfg)
+    setup.open_runner(cfg)
+    t0, c0 = time.perf_counter(), time.process_time()
+    record: dict = {}
+    with served.baseline() as base:   # its figures pair the baseline with itself: only the record is kept
+        _score_suite(ServedPass(base, record, replay=False), tokenizer, cfg,
+                     replace(setup, warnings=[], reach=replace(reach, slices={})), desc="engine: baseline")
+    with served.candidate() as cand:
+        suite = _score_suite(ServedPass(cand, record, replay=True, path=served.path_check()), tokenizer, cfg, setup,
+                             desc="engine: candidate")
+    measures = dict(suite.values)
+    if cfg.integrity is not None:
+        measures.update(flagged_measures(cfg.integrity, cfg.thresholds))
+    verdict = _judge(measures, cfg, setup, suite)
+    suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
+    setup.warnings += served.warnings()
+    meta = _meta(cfg, setup, suite)
+    meta["engine"] = {**served.settings(), "not_measured": served.not_measured()}
+    return EvalResult(meta, suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds, cfg.footprint,
+                      cfg.module_errors, {s.name: s.public for s in setup.slices},
+                      {s.name: s.language for s in setup.slices}, setup.gate, {},
+                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, {})
+
+
 @dataclass
 class _Setup:
     """What ``evaluate`` resolves before scoring anything."""
@@ -344,14 +386,18 @@ def _set_up(baseline, tokenizer, cfg: EvalConfig) -> _Setup:
     if limit and cfg.max_len is not None and cfg.max_len > limit:
         raise QuantkitError(f"{cfg.max_len_source or '--max-len'}: {cfg.max_len} exceeds the model's "
                             f"max_position_embeddings ({limit})")
-    reach = plan_reach(baseline, cfg.max_len, cfg.max_len_source)
+    return _set_up_slices(plan_reach(baseline, cfg.max_len, cfg.max_len_source), model_folder(baseline),
+                          tokenizer, cfg)
+
+
+def _set_up_slices(reach: Reach, folder, tokenizer, cfg: EvalConfig) -> _Setup:
     suite = cfg.suite
     slices = suite if suite and isinstance(suite, list) and isinstance(suite[0], Slice) else load_suite(suite)
     business = None
     if cfg.calibration_log:
         business = read_business(cfg.calibration_log, tokenizer, cfg.options.business_rows, cfg.calibration_sample)
         slices = slices + business.slices
-    gate = language_gate(cfg.languages, None if cfg.languages else model_folder(baseline))
+    gate = language_gate(cfg.languages, None if cfg.languages else folder)
     if cfg.lm_eval_tasks:
         task_manager(list(cfg.lm_eval_tasks))
     return _Setup(reach, slices, business, gate)
@@ -370,11 +416,11 @@ class _Suite:
     cpu_total: float = 0.0
 
 
-def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Setup) -> _Suite:
-    run = _SliceRun(tokenizer, setup.reach.max_len, cfg.options, cfg.show_samples, setup.runner, setup.reach,
+def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Setup, desc: str = "eval") -> _Suite:
+    run = _SliceRun(tokenizer, min(setup.reach.max_len, setup.reach.window), cfg.options, cfg.show_samples, setup.runner, setup.reach,
                     cfg.variants or {})
     out = _Suite()
-    with tqdm(total=len(setup.slices) * 2, desc="eval", disable=not cfg.progress, unit="step") as bar:
+    with tqdm(total=len(setup.slices) * 2, desc=desc, disable=not cfg.progress, unit="step") as bar:
         for sl in setup.slices:
             bar.set_postfix_str(sl.name)
             ts, cs = time.perf_counter(), time.process_time()

@@ -3,6 +3,8 @@ Each forwards to the typed Python API; user errors print one line and exit 2."""
 
 import dataclasses
 import json
+import signal
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -14,6 +16,7 @@ from quantkit.errors import QuantkitError
 from quantkit.common.outputs import OutputPolicy, existing_path, written_by
 from quantkit.common.jsonio import dumps_strict
 from quantkit.config.validation import check_flag
+from quantkit.evaluation.engine_options import DEFAULT_TOP_K, EngineOptions
 from quantkit.evaluation.verdict import noise_text
 
 
@@ -48,6 +51,7 @@ class PathsOptions:
     lm_eval_limit: int | None = None
     unsafe_code_exec: bool = False
     kv: str | list[str] | None = None
+    engine: EngineOptions | None = None     # --engine / --endpoint: scored where the model is served
 
 
 def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: PathsOptions | None = None,
@@ -75,6 +79,10 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
     o = dataclasses.replace(options or PathsOptions(), **fields)
     check_device(o.device)
     kv_opts = kv_options(o.kv)   # a bad --kv fails before anything is read
+    in_engine = o.engine is not None and o.engine.wanted
+    if in_engine:
+        o.engine.check()
+        _check_engine_flags(o)
     section = check_eval_section(o.eval_section)
     suite_opts = suite_options(section)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
@@ -98,6 +106,9 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
         meta["integrity_seconds"] = integrity.seconds
         if integrity.unloadable:
             return integrity_only(integrity, section.get("thresholds"), {"max_len": max_len, **meta})
+    if in_engine:
+        return _evaluate_in_engine(o, base_dir, cand_dir, tok, (suite, source, max_len, section, suite_opts, gate),
+                                   meta, integrity)
     base = load_model(base_dir, o.device)
     cand = load_model(cand_dir, o.device)
     ckv = candidate_kv(cand, kv_opts, tok, o.calibration_log, max_len)
@@ -113,6 +124,35 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
                         lm_eval_tasks=o.lm_eval_tasks, lm_eval_limit=o.lm_eval_limit, integrity=integrity,
                         unsafe_code_exec=o.unsafe_code_exec, calibration_sample=o.calibration_sample)
     return evaluate(base, cand, tok, config)
+
+
+def _check_engine_flags(o: PathsOptions) -> None:
+    """What the engine cannot measure is refused before anything starts."""
+    if o.kv:
+        raise QuantkitError("--kv: KV-cache options are applied in quantkit's own path only: drop --kv with --engine "
+                            "(a checkpoint's own kv_cache_scheme is served by the engine)")
+    if o.lm_eval_tasks:
+        raise QuantkitError("--lm-eval: lm-eval tasks run in quantkit's own path only: drop --lm-eval with --engine")
+
+
+def _evaluate_in_engine(o: PathsOptions, base_dir: Path, cand_dir: Path, tok, resolved: tuple, meta: dict, integrity):
+    """``evaluate_paths`` with both models served (engine.py): nothing is loaded here but the
+    candidate for the path agreement."""
+    from quantkit.evaluation.api import EvalConfig, evaluate_served
+    from quantkit.evaluation.checkpoint import module_errors
+    from quantkit.evaluation.engine import served_models
+    from quantkit.evaluation.plan import plan
+
+    suite, source, max_len, section, suite_opts, gate = resolved
+    served = served_models(o.engine, base_dir, cand_dir, tok, max_len, source, o.device)
+    fp = _footprint(base_dir, cand_dir, o.gpu_mem, served.max_len, plan)
+    config = EvalConfig(suite=suite, max_len=served.max_len, max_len_source=served.max_len_source,
+                        thresholds=section.get("thresholds"), options=suite_opts, calibration_log=o.calibration_log,
+                        show_samples=o.show_samples or bool(section.get("show_samples")), footprint=fp,
+                        module_errors=module_errors(cand_dir), progress=o.progress, meta=meta, languages=gate,
+                        integrity=integrity, unsafe_code_exec=o.unsafe_code_exec,
+                        calibration_sample=o.calibration_sample)
+    return evaluate_served(served, tok, config)
 
 
 def _check_calibration_flags(o: PathsOptions, suite_opts) -> None:
@@ -251,21 +291,51 @@ def eval_command(
     kv: Optional[list[str]] = typer.Option(None, "--kv", help="Evaluate with a quantized KV cache: fp8-tensor, fp8-head, fp8-token-head, int8-token-head, int8-kivi (':k' / ':v' after one: only K / only V); repeat or comma-list to compare several on the long slices (the first is applied to every measure)."),
     unsafe_code_exec: bool = typer.Option(False, "--unsafe-code-exec", help="Run code items WITHOUT the bubblewrap sandbox (where it cannot be set up); the code can then do whatever your user can."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit eval report."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Score both models inside a serving engine quantkit starts on 127.0.0.1: vllm (see docs/engine.md)."),
+    engine_python: Optional[Path] = typer.Option(None, "--engine-python", help="The Python of the engine's own environment (default: $QUANTKIT_VLLM_PYTHON, else .venv-vllm/bin/python; scripts/setup-engine.sh builds it)."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="The candidate on an OpenAI-compatible server you run (http://host:port); with --baseline-endpoint."),
+    baseline_endpoint: Optional[str] = typer.Option(None, "--baseline-endpoint", help="The baseline on an OpenAI-compatible server you run."),
+    engine_dtype: str = typer.Option("auto", "--engine-dtype", help="dtype the engine runs (auto: float32 on the CPU, bfloat16 for int4 checkpoints there; the model's own on a GPU)."),
+    top_k: int = typer.Option(DEFAULT_TOP_K, "--top-k", help="Log-probabilities per position the engine returns; KL is estimated from them."),
+    path_tokens: int = typer.Option(4096, "--path-tokens", help="Tokens per slice on which the engine's candidate is compared with quantkit's own path (0: no path agreement)."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
+    served = EngineOptions(engine, engine_python, endpoint, baseline_endpoint, engine_dtype, top_k, path_tokens)
+    with _interruptible():
+        try:
+            tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
+            out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
+                                        recipe=recipe, suite=suite)
+            policy.check(out, overwrite)   # a report that may not or cannot be written fails now
+            result = evaluate_paths(baseline, candidate, suite=suite, max_len=max_len,
+                                    eval_section=_recipe_eval(recipe), calibration_log=calib,
+                                    show_samples=show_samples, device=device, gpu_mem=gpu_mem, languages=languages,
+                                    lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
+                                    unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample,
+                                    engine=served)
+            path = result.save(out, overwrite, policy)
+        except QuantkitError as e:
+            _fail(str(e))
+    _print_result(result, path)
+
+
+@contextmanager
+def _interruptible():
+    """SIGTERM raises like Ctrl-C, so whatever is running (an engine server) is stopped on the way out;
+    an interrupted evaluation writes no report and exits 130."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:
-        tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
-        out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
-                                    recipe=recipe, suite=suite)
-        policy.check(out, overwrite)   # a report that may not or cannot be written fails now
-        result = evaluate_paths(baseline, candidate, suite=suite, max_len=max_len, eval_section=_recipe_eval(recipe),
-                                calibration_log=calib, show_samples=show_samples, device=device,
-                                gpu_mem=gpu_mem, languages=languages,
-                                lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
-                                unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample)
-        path = result.save(out, overwrite, policy)
-    except QuantkitError as e:
-        _fail(str(e))
+        yield
+    except KeyboardInterrupt:
+        typer.echo("interrupted: no report was written", err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_result(result, path: Path) -> None:
     typer.echo(f"{result.decision}: {path / 'report.html'}")
     for w in result.warnings:
         typer.echo(f"  warning: {w}")

@@ -86,6 +86,9 @@ class Reach:
     window_gib: float                               # estimated for a window of max_len tokens
     free_gib: float
     slices: dict[str, dict] = field(default_factory=dict)
+    # why the window is shorter than max_len, when it is: this machine's memory, or the engine
+    # (a served prompt plus one output token must fit its max_model_len)
+    limited_by: str = "memory"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -105,7 +108,10 @@ class Reach:
     def notes(self) -> list[str]:
         """One sentence per long slice, and one for a window shorter than the deployment length."""
         out = []
-        if self.window < self.max_len:
+        if self.window < self.max_len and self.limited_by == "engine":
+            out.append(f"Windows held {self.window} tokens, not the deployment length {self.max_len}: the engine "
+                       "takes a prompt only when it and one output token fit its max_model_len.")
+        elif self.window < self.max_len:
             out.append(f"Long slices ran windows of {self.window} tokens, not the deployment length {self.max_len}: "
                        f"one window of {self.max_len} needs about {self.window_gib:.1f} GiB, {self.free_gib:.1f} GiB free.")
         for name, s in self.slices.items():

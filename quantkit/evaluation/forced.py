@@ -84,6 +84,9 @@ class ForcedResult:
     # tokens and (with bucket_positions) buckets, on the same windows
     views: dict[str, dict] = field(default_factory=dict)
     deepest: int = 0            # the longest context any scored token was predicted from
+    # served backend: the candidate's figures in the engine beside the same checkpoint in this
+    # process, on the same windows (backends/served_forced.py PathCheck.figures)
+    path: dict | None = None
 
     def figures(self) -> dict:
         """What the slice table shows beside the measures: tokens scored, both perplexities,
@@ -97,6 +100,8 @@ class ForcedResult:
         buckets = bucket_measures(self.buckets)
         out.update({k: buckets[k] for k in ("kl_first_bucket", "last_bucket_start", "last_bucket_end")
                     if k in buckets})
+        if self.path and self.path["tokens"]:   # served: the tokens the path agreement compared
+            out.update(path_tokens=self.path["tokens"], path_top1=self.path["top1_same"] / self.path["tokens"])
         return out
 
     def summary(self) -> dict:
@@ -115,7 +120,7 @@ class ForcedRequest:
     chunk_tokens: int = LOGIT_CHUNK_TOKENS
 
 
-def _jobs(encoded: list[Encoded], max_len: int):
+def forced_jobs(encoded: list[Encoded], max_len: int):
     for k, e in enumerate(encoded):
         for w in rolling_windows(len(e.ids), max_len):
             yield k, w
@@ -135,7 +140,7 @@ def _batches(jobs: list, batch_tokens: int):
         yield batch
 
 
-class _Tally:
+class Tally:
     """Per-position KL, top-1 agreement and positions of one variant of the candidate."""
 
     def __init__(self) -> None:
@@ -165,8 +170,8 @@ def run_forced(base, cand, encoded: list[Encoded], request: ForcedRequest, pad: 
     (KL, top-1 agreement and, with ``bucket_positions``, KL by position)."""
     views = dict(views or {})
     stats = [ItemStats(e.item_id) for e in encoded]
-    main, tallies = _Tally(), {name: _Tally() for name in views}
-    for batch in _batches(list(_jobs(encoded, request.max_len)), request.batch_tokens):
+    main, tallies = Tally(), {name: Tally() for name in views}
+    for batch in _batches(list(forced_jobs(encoded, request.max_len)), request.batch_tokens):
         seqs = [encoded[k].ids[w.start:w.end] for k, w in batch]
         width = max(len(q) for q in seqs)
         hb, hc = both(lambda m: body_states(m, seqs, pad), base, cand)
@@ -179,34 +184,34 @@ def run_forced(base, cand, encoded: list[Encoded], request: ForcedRequest, pad: 
             for row, k, w, p0, p1 in _scored(batch, s0, s1):
                 e = encoded[k]
                 a, b = w.start + 1 + p0, w.start + 1 + p1   # the tokens these positions predict
-                keep = _keep(e, a, b)
-                s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0],
+                keep = scored_mask(e, a, b)
+                s = kept(token_stats(lb[row, p0 - s0:p1 - s0], lc[row, p0 - s0:p1 - s0],
                                       torch.tensor(e.ids[a:b])), keep)
                 if s["kl"].numel():
-                    _add_item(stats[k], s, _kept(torch.tensor(e.focus[a:b], dtype=torch.bool), keep),
-                              _kept(torch.arange(a, b), keep))
-                    main.add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
+                    add_item(stats[k], s, kept(torch.tensor(e.focus[a:b], dtype=torch.bool), keep),
+                              kept(torch.arange(a, b), keep))
+                    main.add(s, kept(torch.arange(p0 + 1, p1 + 1), keep))
             del lc   # one variant's logits at a time: 1 GiB a chunk at Gemma3's vocabulary
             for name, view in views.items():
                 with view(cand) as model:
                     lv = head_logits(model, hv[name][:, s0:s1])
                 _tally_view(tallies[name], lb, lv, encoded, _scored(batch, s0, s1), s0)
                 del lv
-    return _result(stats, main, tallies, request)
+    return forced_result(stats, main, tallies, request)
 
 
-def _tally_view(tally: _Tally, lb: torch.Tensor, lv: torch.Tensor, encoded: list[Encoded], scored, s0: int) -> None:
+def _tally_view(tally: Tally, lb: torch.Tensor, lv: torch.Tensor, encoded: list[Encoded], scored, s0: int) -> None:
     """Add one chunk of a view's logits, against the baseline's, to its tally."""
     for row, k, w, p0, p1 in scored:
         a, b = w.start + 1 + p0, w.start + 1 + p1
-        keep = _keep(encoded[k], a, b)
-        s = _kept(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0],
+        keep = scored_mask(encoded[k], a, b)
+        s = kept(token_stats(lb[row, p0 - s0:p1 - s0], lv[row, p0 - s0:p1 - s0],
                               torch.tensor(encoded[k].ids[a:b])), keep)
         if s["kl"].numel():
-            tally.add(s, _kept(torch.arange(p0 + 1, p1 + 1), keep))
+            tally.add(s, kept(torch.arange(p0 + 1, p1 + 1), keep))
 
 
-def _result(stats: list[ItemStats], main: _Tally, tallies: dict[str, _Tally], request: ForcedRequest) -> ForcedResult:
+def forced_result(stats: list[ItemStats], main: Tally, tallies: dict[str, Tally], request: ForcedRequest) -> ForcedResult:
     result = ForcedResult(stats)
     if main.kl:
         edges = position_buckets(request.max_len) if request.bucket_positions else None
@@ -228,19 +233,19 @@ def _scored(batch: list, s0: int, s1: int):
             yield row, k, w, p0, p1
 
 
-def _keep(e: Encoded, a: int, b: int) -> torch.Tensor | None:
+def scored_mask(e: Encoded, a: int, b: int) -> torch.Tensor | None:
     """Which of tokens ``[a, b)`` of ``e`` are scored (None: all of them)."""
     return None if e.scored is None else torch.tensor(e.scored[a:b], dtype=torch.bool)
 
 
-def _kept(x, keep: torch.Tensor | None):
+def kept(x, keep: torch.Tensor | None):
     """``x`` (a tensor, or a dict of per-token tensors) at the scored tokens only."""
     if keep is None:
         return x
     return {k: v[keep] for k, v in x.items()} if isinstance(x, dict) else x[keep]
 
 
-def _add_item(st: ItemStats, s: dict, focus: torch.Tensor, index: torch.Tensor) -> None:
+def add_item(st: ItemStats, s: dict, focus: torch.Tensor, index: torch.Tensor) -> None:
     """Add one run of scored tokens (their token indices in the item: ``index``) to an item."""
     st.tokens += s["kl"].numel()
     st.nll_base += float(s["nll_base"].sum())

@@ -17,6 +17,7 @@ from pathlib import Path
 from quantkit.errors import QuantkitError
 from quantkit.common.jsonio import dumps_strict, nonfinite_warning
 from quantkit.common.markdown import md_code, md_row, md_text
+from quantkit.common.crashpoints import kill_point
 from quantkit.common.outputs import OutputPolicy, ordinary_permissions
 from quantkit.evaluation.measures import table_columns
 from quantkit.evaluation.verdict import noise_text
@@ -333,6 +334,34 @@ def _with_interval(values: dict | None, measure: str = "kl_mean") -> str:
     return fmt(values[measure]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
+ENGINE_SETTINGS = ("engine", "version", "device", "dtype", "quantization", "kv_cache_dtype", "max_model_len",
+                   "enable_prefix_caching", "enable_chunked_prefill", "url")
+
+
+def engine_section(meta: dict) -> tuple[str, list[str], list[list[str]]] | None:
+    """The engine section: a sentence (how KL was estimated, what the engine did not measure), and
+    each server's settings as a table (header, rows); None when the evaluation ran in process."""
+    eng = meta.get("engine")
+    if not eng:
+        return None
+    who = [w for w in ("baseline", "candidate") if w in eng]
+    note = (f"Both models were scored inside the serving engine. KL {eng.get('kl', '')}. Path agreement: the "
+            f"candidate's figures in the engine beside quantkit's own path on up to {eng.get('path_tokens')} tokens a "
+            f"slice. Not measured in the engine: {'; '.join(eng.get('not_measured') or ['nothing'])}.")
+    rows = [[key, *(str(eng[w].get(key, "–")) for w in who)] for key in ENGINE_SETTINGS
+            if any(key in eng[w] for w in who)]
+    return note, ["setting", *who], rows
+
+
+def _engine_markdown(meta: dict) -> list[str]:
+    engine = engine_section(meta)
+    if not engine:
+        return []
+    note, header, rows = engine
+    return ["## Served by the engine", "", md_text(note), "", md_row(header), "|---" * len(header) + "|",
+            *(md_row(r) for r in rows), ""]
+
+
 def markdown(data: dict) -> str:
     v = data["verdict"]
     lines = [f"# quantkit evaluation: **{data['decision']}**", ""]
@@ -353,6 +382,7 @@ def markdown(data: dict) -> str:
     if v.get("informational"):
         lines += ["## Not gated (information only)", ""]
         lines += [f"- {r['level']} {md_text(r['text'])}: {md_text(r['note'])}" for r in v["informational"]] + [""]
+    lines += _engine_markdown(m)
     cols = _columns(data)
     lines += ["## Slices", "", "| slice | language | verdict | gates | " + " | ".join(t for _, t, _ in cols) + " |",
               "|---|---|---|---|" + "---|" * len(cols)]
@@ -577,6 +607,13 @@ def _html_appendix(data: dict, images: dict[str, str]) -> list[str]:
         parts += [f"<tr><td>{e(r['unit'])}</td><td>{e(r['format'])}</td>{_cell(r['score'], f'mixed.units.{i}.score')}</tr>"
                   for i, r in enumerate(data["mixed"]["units"])]
         parts.append("</table>")
+    engine = engine_section(data["meta"])
+    if engine:
+        e, (note, header, rows) = html.escape, engine
+        parts.append(f"<h2>Served by the engine</h2><p>{e(note)}</p><table id='engine'><tr>"
+                     + "".join(f"<th>{e(w)}</th>" for w in header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows]
+        parts.append("</table>")
     if data.get("footprint"):
         parts.append("<h2>Deployment footprint</h2><table id='footprint'>")
         parts += [f"<tr><th>{e(k)}</th>{_cell(val, f'footprint.{k}')}</tr>" for k, val in data["footprint"].items()]
@@ -638,6 +675,7 @@ def save(result, out_dir: Path, policy: OutputPolicy | None = None, overwrite: b
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         (tmp / "report.json").write_text(dumps_strict(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        kill_point("report:writing", partial=tmp / "report.json")
         (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
         (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
         policy.stamp(tmp)

@@ -23,6 +23,13 @@ def mc_prompt(item: dict) -> str:
     return "\n".join(lines) + "\nAnswer:"
 
 
+def mc_continuations(tokenizer, item: dict) -> tuple[list[int], list[list[int]]]:
+    """The question's tokens and, per choice, the tokens its letter (" A".." D") continues them with."""
+    prompt = mc_prompt(item)
+    ctx = tokenizer(prompt)["input_ids"]
+    return ctx, [tokenizer(prompt + " " + LETTERS[i])["input_ids"][len(ctx):] for i in range(len(item["choices"]))]
+
+
 def multiple_choice(model, tokenizer, items: list[dict], pad: int, batch: int = 8) -> list[int]:
     """Predicted choice per item: the letter whose continuation (" A".." D") is most likely.
 
@@ -33,9 +40,7 @@ def multiple_choice(model, tokenizer, items: list[dict], pad: int, batch: int = 
     for s in range(0, len(items), batch):
         seqs, options = [], []   # options: per item, (row, continuation, context length)
         for it in items[s:s + batch]:
-            prompt = mc_prompt(it)
-            ctx = tokenizer(prompt)["input_ids"]
-            conts = [tokenizer(prompt + " " + LETTERS[i])["input_ids"][len(ctx):] for i in range(len(it["choices"]))]
+            ctx, conts = mc_continuations(tokenizer, it)
             if all(len(c) == 1 for c in conts):
                 seqs.append(ctx)
                 options.append([(len(seqs) - 1, c, len(ctx)) for c in conts])
@@ -98,11 +103,15 @@ def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos
     for s in range(0, len(items), batch):
         chunk = items[s:s + batch]
         gens = greedy(model, [chat_ids(tokenizer, it["prompt"]) for it in chunk], n_tokens, pad, eos)
-        for it, g in zip(chunk, gens):
-            text = tokenizer.decode(g, skip_special_tokens=True)
-            ref = [n for r in it["reference"] for n in normalise_numbers(str(r))]
-            out.append({"id": it["id"], "output": text, "f1": f1(normalise_numbers(text), ref)})
+        out += [extraction_result(tokenizer, it, g) for it, g in zip(chunk, gens)]
     return out
+
+
+def extraction_result(tokenizer, item: dict, reply: list[int]) -> dict:
+    """A reply's text and its F1 against the item's reference numbers."""
+    text = tokenizer.decode(reply, skip_special_tokens=True)
+    ref = [n for r in item["reference"] for n in normalise_numbers(str(r))]
+    return {"id": item["id"], "output": text, "f1": f1(normalise_numbers(text), ref)}
 
 
 @dataclass(frozen=True)
@@ -124,12 +133,16 @@ def code_pass(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos,
         chunk = items[s:s + batch]
         gens = greedy(model, [tokenizer(it["prompt"])["input_ids"] for it in chunk], n_tokens, pad, eos,
                       stop=finished)
-        for it, g in zip(chunk, gens):
-            completion = tokenizer.decode(g, skip_special_tokens=True)
-            res = run_program(humaneval_program(it, completion), execution.runner, timeout_s=execution.timeout_s)
-            out.append({"id": it["id"], "completion": truncate_completion(completion),
-                        "passed": res.passed, "status": res.status})
+        out += [code_result(tokenizer, it, g, execution) for it, g in zip(chunk, gens)]
     return out
+
+
+def code_result(tokenizer, item: dict, completion_ids: list[int], execution: CodeExecution) -> dict:
+    """A completion run against the problem's tests as ``execution`` says."""
+    completion = tokenizer.decode(completion_ids, skip_special_tokens=True)
+    res = run_program(humaneval_program(item, completion), execution.runner, timeout_s=execution.timeout_s)
+    return {"id": item["id"], "completion": truncate_completion(completion), "passed": res.passed,
+            "status": res.status}
 
 
 def mc_summary(items: list[dict], pb: list[int], pc: list[int]) -> dict:

@@ -123,7 +123,8 @@ class Reason:
 
     def text(self) -> str:
         op = "<" if DEFAULT_LIMITS[self.measure].higher_is_better else ">"
-        return f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}"
+        meaning = MEASURES[self.measure].meaning if self.measure in MEASURES else ""
+        return f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}" + (f": {meaning}" if meaning else "")
 
 
 @dataclass

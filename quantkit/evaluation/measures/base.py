@@ -69,6 +69,7 @@ class Measure:
     table_rank: int = 100                          # the shipped measures' columns come first
     row_value: Callable[[ItemStats], float] | None = None
     from_ratio: Callable[[float], float] | None = None
+    meaning: str = ""                              # what a breach says, beside the figure and its limit
 
     @property
     def limit(self) -> Limit:

@@ -1,0 +1,215 @@
+"""The served backend: the baseline and the candidate behind an OpenAI-compatible server (vLLM's,
+started by quantkit or run by the user), scored one after the other.
+
+A server answers a prompt of token ids with, per position, the log-probability of the actual
+token and of the ``top_k`` most likely ones (``echo`` with ``logprobs``; token ids, not text,
+through vLLM's ``return_tokens_as_token_ids``), and greedy continuations (``temperature`` 0,
+``return_token_ids``). From these: perplexity, top-1 agreement and focus measures exactly, KL
+estimated from both models' top-k lists (topk.py), generation agreement, multiple choice by the
+options' log-likelihood, extraction F1 and code pass rate (the code still runs in the sandbox).
+
+The two models are served in turn, one server at a time (a GPU holds one model): the baseline's
+pass (``replay=False``) records what each call of the suite gave; the candidate's pass makes the
+same calls in the same order and pairs its answers with the recorded ones. What the first pass
+returns pairs the baseline with itself and is thrown away.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, ContextManager, Mapping, Protocol
+
+import numpy as np
+
+from quantkit.common.crashpoints import kill_point
+from quantkit.errors import QuantkitError
+from quantkit.evaluation.backends.base import CodeRequest, Continuation, PairedRuns
+from quantkit.evaluation.backends.served_forced import PathCheck, served_forced
+from quantkit.evaluation.code_exec import STOP
+from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View, forced_jobs
+from quantkit.evaluation.tasks import CodeExecution, chat_ids, code_result, extraction_result, mc_continuations
+from quantkit.evaluation.topk import TopK
+from quantkit.serving.client import EngineError, Endpoint
+
+REQUESTS_IN_FLIGHT = 4   # the server batches what arrives together; more only queues
+
+
+@dataclass(frozen=True)
+class WindowScores:
+    """A server's predictions over one prompt: per position j, the log-probability of token j
+    (``target``, NaN at j = 0, which nothing predicts) and the listed alternatives (``ids`` and
+    ``logprobs``, padded with -1 / -inf; the actual token is listed too)."""
+    target: np.ndarray      # [L] float64
+    ids: np.ndarray         # [L, m] int64
+    logprobs: np.ndarray    # [L, m] float64
+
+    def topk(self, a: int, b: int) -> list[TopK]:
+        """Positions ``[a, b)`` as ``TopK`` records."""
+        return [TopK(float(self.target[j]), {int(t): float(v) for t, v in zip(self.ids[j], self.logprobs[j]) if t >= 0})
+                for j in range(a, b)]
+
+    def argmax(self, a: int, b: int) -> np.ndarray:
+        """The most likely token at positions ``[a, b)``."""
+        return self.ids[np.arange(a, b), self.logprobs[a:b].argmax(axis=1)]
+
+
+def _token_id(key: str) -> int:
+    if not key.startswith("token_id:"):
+        raise EngineError(f"the server lists tokens as text ({key!r}), not ids: it must support vLLM's "
+                          "return_tokens_as_token_ids")
+    return int(key[len("token_id:"):])
+
+
+def _logprob(v) -> float:
+    return -math.inf if v is None else float(v)
+
+
+def window_scores(choice: dict, prompt: list[int]) -> WindowScores:
+    """One choice of a ``/v1/completions`` answer with ``echo``, checked against its prompt."""
+    lp = choice.get("logprobs") or {}
+    tokens, n = lp.get("tokens") or [], len(prompt)
+    if [_token_id(t) for t in tokens[:n]] != list(prompt):
+        raise EngineError("the server scored other tokens than the prompt's (it must take token ids as given)")
+    tops = (lp.get("top_logprobs") or [])[:n]
+    m = max([len(t) for t in tops if t] or [1])
+    ids, vals = np.full((n, m), -1, dtype=np.int64), np.full((n, m), -np.inf)
+    for j, top in enumerate(tops):
+        for c, (key, v) in enumerate((top or {}).items()):
+            ids[j, c], vals[j, c] = _token_id(key), _logprob(v)
+    target = np.array([math.nan] + [_logprob(v) for v in (lp.get("token_logprobs") or [])[1:n]])
+    return WindowScores(target, ids, vals)
+
+
+def _in_parallel(fn: Callable, items: list, workers: int = REQUESTS_IN_FLIGHT) -> list:
+    """``[fn(x) for x in items]``, ``workers`` at a time; an error or Ctrl-C cancels what has not started."""
+    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
+    try:
+        out = list(pool.map(fn, items))
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
+    return out
+
+
+class ServedModel:
+    """One model behind ``endpoint``: prompts of token ids scored and continued greedily."""
+
+    def __init__(self, endpoint: Endpoint, tokenizer, top_k: int, timeout_s: float = 1800.0) -> None:
+        self.endpoint, self.tokenizer, self.top_k, self.timeout_s = endpoint, tokenizer, top_k, timeout_s
+        self.eos = tokenizer.eos_token_id
+
+    def score(self, seqs: list[list[int]], k: int | None = None) -> list[WindowScores]:
+        k = self.top_k if k is None else k
+
+        def one(seq: list[int]) -> WindowScores:
+            answer = self.endpoint.completions({"prompt": seq, "echo": True, "logprobs": k, "max_tokens": 0,
+                                                "temperature": 0, "return_tokens_as_token_ids": True},
+                                               self.timeout_s)
+            return window_scores(answer["choices"][0], seq)
+        out = _in_parallel(one, seqs)
+        kill_point("engine:scoring")
+        return out
+
+    def generate(self, prompts: list[list[int]], n_tokens: int, stop: list[str] | None = None) -> list[list[int]]:
+        """Greedy continuations, cut before the first EOS (as the in-process path cuts them)."""
+        def one(prompt: list[int]) -> list[int]:
+            body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "return_token_ids": True,
+                    "logprobs": 0, "return_tokens_as_token_ids": True, **({"stop": stop} if stop else {})}
+            choice = self.endpoint.completions(body, self.timeout_s)["choices"][0]
+            ids = choice.get("token_ids")
+            if ids is None:
+                ids = [_token_id(t) for t in ((choice.get("logprobs") or {}).get("tokens") or [])]
+            ids = list(ids)
+            return ids[:ids.index(self.eos)] if self.eos is not None and self.eos in ids else ids
+        return _in_parallel(one, prompts)
+
+
+def _digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+class ServedPass:
+    """One model's pass over the suite, as a ``ScoringBackend`` (see the module's docstring).
+
+    ``record`` is shared by the two passes; ``path`` (candidate's pass only) also scores the
+    candidate's windows in this process, for the path agreement."""
+
+    def __init__(self, model: ServedModel, record: dict, replay: bool, path: PathCheck | None = None) -> None:
+        self.model, self.record, self.replay, self.path = model, record, replay, path
+        self.tokenizer = model.tokenizer
+
+    def _paired(self, key: str, compute: Callable):
+        got = compute()
+        if not self.replay:
+            self.record[key] = got
+            return got, got
+        if key not in self.record:
+            raise QuantkitError("engine evaluation: the candidate's pass asked what the baseline's did not")
+        return self.record.pop(key), got
+
+    def teacher_forced(self, encoded: list[Encoded], request: ForcedRequest,
+                       views: Mapping[str, View] | None = None) -> ForcedResult:
+        if views:
+            raise QuantkitError("--kv: views of the candidate are not measured in the engine")
+        jobs = list(forced_jobs(encoded, request.max_len))
+        seqs = [encoded[k].ids[w.start:w.end] for k, w in jobs]
+        base, cand = self._paired(_digest("forced", seqs), lambda: self.model.score(seqs))
+        path = self.path.figures(encoded, jobs, cand) if self.replay and self.path is not None else None
+        return served_forced(encoded, request, jobs, base, cand, path)
+
+    def continuations(self, prompts: list[list[int]], n_tokens: int, batch: int) -> list[Continuation]:
+        base, cand = self._paired(_digest("gen", prompts, n_tokens), lambda: self.model.generate(prompts, n_tokens))
+        return [Continuation(p, a, b, n_tokens) for p, a, b in zip(prompts, base, cand)]
+
+    def multiple_choice(self, items: list[dict]) -> PairedRuns:
+        def picks() -> list[int]:
+            # one prompt per option (question + its letter): a server gives the log-probability of
+            # the tokens it is sent, not of any token one asks about
+            rows = [(k, c, ctx) for k, it in enumerate(items) for ctx, conts in [mc_continuations(self.tokenizer, it)]
+                    for c in conts]
+            scores = self.model.score([ctx + c for _, c, ctx in rows], 0)
+            best: dict[int, list[float]] = {}
+            for (k, c, ctx), s in zip(rows, scores):
+                best.setdefault(k, []).append(float(np.sum(s.target[len(ctx):len(ctx) + len(c)])))
+            return [max(range(len(v)), key=v.__getitem__) for _, v in sorted(best.items())]
+        base, cand = self._paired(_digest("mc", items), picks)
+        return PairedRuns(items, base, cand)
+
+    def extraction(self, items: list[dict], n_tokens: int, batch: int) -> PairedRuns:
+        def replies() -> list[dict]:
+            gens = self.model.generate([chat_ids(self.tokenizer, it["prompt"]) for it in items], n_tokens)
+            return [extraction_result(self.tokenizer, it, g) for it, g in zip(items, gens)]
+        base, cand = self._paired(_digest("extract", items, n_tokens), replies)
+        return PairedRuns(items, base, cand)
+
+    def code(self, items: list[dict], request: CodeRequest) -> PairedRuns:
+        def completions() -> list[dict]:
+            # OpenAI's API takes at most 4 stop strings: the first 4 of STOP end most bodies early, and
+            # truncate_completion cuts at all of them after, as in quantkit's own path
+            gens = self.model.generate([self.tokenizer(it["prompt"])["input_ids"] for it in items], request.n_tokens,
+                                       stop=list(STOP[:4]))
+            run = CodeExecution(request.runner, request.timeout_s)
+            return [code_result(self.tokenizer, it, g, run) for it, g in zip(items, gens)]
+        base, cand = self._paired(_digest("code", items, request.n_tokens), completions)
+        return PairedRuns(items, base, cand)
+
+
+class ServedModels(Protocol):
+    """The two models as ``evaluate_served`` drives them: each served inside its own context (a
+    server started for it and stopped after, or the user's endpoint), the deployment length they
+    accept, and what the report says about them."""
+    max_len: int
+    max_len_source: str
+    max_window: int             # the longest prompt the servers score
+    baseline_folder: object     # the baseline's folder (its model card names the languages that gate)
+
+    def baseline(self) -> ContextManager[ServedModel]: ...
+    def candidate(self) -> ContextManager[ServedModel]: ...
+    def path_check(self) -> PathCheck | None: ...
+    def settings(self) -> dict: ...
+    def not_measured(self) -> list[str]: ...
+    def warnings(self) -> list[str]: ...

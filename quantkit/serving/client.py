@@ -1,0 +1,95 @@
+"""An OpenAI-compatible server as quantkit talks to it: ``/v1/models``, ``/v1/completions``,
+``/health``, ``/version``. Standard library HTTP only; every failure is one ``EngineError`` line
+naming the URL and what the server said."""
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from quantkit.errors import QuantkitError
+
+
+class EngineError(QuantkitError):
+    """The server cannot be reached, answered an error, or does not serve what was asked."""
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            body = json.loads(e.read().decode("utf-8", "replace"))
+            msg = body.get("message") or (body.get("error") or {}).get("message") or body
+        except (ValueError, AttributeError):
+            msg = e.reason
+        return f"HTTP {e.code}: {' '.join(str(msg).split())[:300]}"
+    if isinstance(e, urllib.error.URLError):
+        return f"cannot connect ({e.reason})"
+    if isinstance(e, (socket.timeout, TimeoutError)):
+        return "no answer in time"
+    return f"{type(e).__name__}: {e}"
+
+
+def request(url: str, body: dict | None = None, timeout_s: float = 600.0) -> dict | str:
+    """GET ``url`` (or POST ``body`` as JSON); the JSON answer, else its text."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as r:
+            text = r.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise EngineError(f"{url}: {_reason(e)}") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A served model: the server's base URL (``http://host:port``), the model name it serves it
+    under and the longest context it accepts (None when the server does not say)."""
+    url: str
+    model: str
+    max_model_len: int | None = None
+    flag: str = "--endpoint"
+
+    @classmethod
+    def connect(cls, url: str, model: str | None = None, flag: str = "--endpoint") -> Endpoint:
+        """The endpoint at ``url``; ``model`` None: the one model the server serves."""
+        base = url.rstrip("/")
+        if base.endswith("/v1"):
+            base = base[:-3]
+        if not base.startswith(("http://", "https://")):
+            raise EngineError(f"{flag}: {url}: expected an http:// or https:// URL")
+        try:
+            listed = request(f"{base}/v1/models", timeout_s=30)
+        except EngineError as e:
+            raise EngineError(f"{flag}: {e}") from None
+        data = listed.get("data") if isinstance(listed, dict) else None
+        if not data:
+            raise EngineError(f"{flag}: {base}/v1/models lists no model")
+        names = [m.get("id") for m in data]
+        if model is None and len(names) > 1:
+            raise EngineError(f"{flag}: {base} serves several models ({', '.join(names)}): name one")
+        chosen = next((m for m in data if model in (None, m.get("id"))), None)
+        if chosen is None:
+            raise EngineError(f"{flag}: {base} does not serve {model!r} (it serves {', '.join(names)})")
+        return cls(base, chosen["id"], chosen.get("max_model_len"), flag)
+
+    def completions(self, body: dict, timeout_s: float = 600.0) -> dict:
+        try:
+            answer = request(f"{self.url}/v1/completions", {"model": self.model, **body}, timeout_s)
+        except EngineError as e:
+            raise EngineError(f"{self.flag}: {e}") from None
+        if not isinstance(answer, dict) or not answer.get("choices"):
+            raise EngineError(f"{self.flag}: {self.url}/v1/completions: an answer without choices")
+        return answer
+
+    def version(self) -> str | None:
+        try:
+            v = request(f"{self.url}/version", timeout_s=10)
+        except EngineError:
+            return None
+        return v.get("version") if isinstance(v, dict) else None

@@ -1,0 +1,70 @@
+"""What the engine tests share: the engine's Python (required: these tests fail, never skip,
+without it), checkpoints of the embedded default, and the quantkit command run as a user runs it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_PYTHON = Path(os.environ.get("QUANTKIT_VLLM_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+# a small suite: one text slice with generation, one multiple-choice slice
+SMALL_RECIPE = {"eval": {"options": {"text_items": 6, "mc_items": 12, "gen_prompts": 4, "gen_tokens": 16}}}
+
+
+def require_engine() -> Path:
+    assert ENGINE_PYTHON.exists(), f"{ENGINE_PYTHON}: missing: build it with bash scripts/setup-engine.sh"
+    return ENGINE_PYTHON
+
+
+def quantkit(*args, env: dict | None = None, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quantkit.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+
+
+def convert(recipe: str, out: Path) -> Path:
+    res = quantkit("convert", "--recipe", recipe, "--out", out, "--no-eval", timeout=1200)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return out
+
+
+def small_recipe(path: Path) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(SMALL_RECIPE))
+    return path
+
+
+def report(folder: Path) -> dict:
+    return json.loads((folder / "report.json").read_text())
+
+
+def engine_processes(marker: str) -> list[str]:
+    """Command lines of live processes that mention ``marker`` (a checkpoint path unique to a test)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in cmd and state != "Z":
+            out.append(f"{entry}: {cmd[:200]}")
+    return out
+
+
+def no_engine_left(marker: str, within_s: float = 30.0) -> list[str]:
+    """The engine processes still alive after ``within_s`` (the watchdog polls every 0.2 s and
+    gives each process 10 s after SIGTERM)."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        left = engine_processes(marker)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return engine_processes(marker)
