@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Pages outside docs/ that the site carries, at their repository paths.
-EXTRA_PAGES = ("README.md", "benchmarks/RESULTS.md")
+EXTRA_PAGES = ("README.md", "README.zh-CN.md", "benchmarks/RESULTS.md")
 CLI_PAGE = "docs/cli.md"
 
 CLI_INTRO = (
