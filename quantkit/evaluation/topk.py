@@ -35,10 +35,17 @@ inequality): with exact q_i on S, L is the KL of the coarsened distributions, an
 exceeds it by the tail's divergence. An imputed q_i is not exact: it is at most q_min, which
 bounds each unseen q_i from above, and U / m, the most their mean can be; measured, L exceeded
 the exact KL by more than 1e-4 on 0.02% of the tokens at k = 5 and never at k = 20. When k
-covers the vocabulary, S is every token, p_rest is 0 and KL_hat is the exact KL. Measured on SmolLM2-135M (benchmarks/topk_kl.py, k = 20) L misses about
-a quarter of the KL; T recovers most of it, and KL_hat still errs low (FP8 and int8 candidates:
-7-9% on the mean, at most about 15% on a slice; a 4-bit one, whose tail moves more than its
-head: 15%).
+covers the vocabulary, S is every token, p_rest is 0 and KL_hat is the exact KL.
+
+Measured on SmolLM2-135M (benchmarks/topk_kl.py, k = 20): L misses about a quarter of the KL;
+T recovers most of it, and KL_hat still errs low (FP8 and int8 candidates: 7-9% on the mean, at
+most 15% on a slice of every item; a 4-bit one, whose tail moves more than its head: 15%).
+
+What no list shows: a position where the candidate's list departs from the baseline's. Its
+top-20 sharing 0-2 tokens with the baseline's, the baseline's tokens are all imputed at about
+q_min while their true q_i may be far smaller: measured, three such FP8 positions of exact KL
+5-9 nats read under 1 and made a 4-item slice read 32% low. A slice's error is that of its
+rare broken positions, not of its typical ones.
 
 Robustness: a log-probability that is NaN is treated as not given (a listed token drops out of
 its list; a NaN target leaves t out of S and gives a NaN NLL, as the server gave nothing to
