@@ -16,7 +16,7 @@ from quantkit.errors import QuantkitError
 from quantkit.common.outputs import OutputPolicy, existing_path, written_by
 from quantkit.common.jsonio import dumps_strict
 from quantkit.config.validation import check_flag
-from quantkit.evaluation.engine_options import DEFAULT_TOP_K, EngineOptions
+from quantkit.evaluation.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
 from quantkit.evaluation.verdict import noise_text
 
 
@@ -293,10 +293,10 @@ def eval_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit eval report."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Score both models inside a serving engine quantkit starts on 127.0.0.1: vllm (see docs/engine.md)."),
     engine_python: Optional[Path] = typer.Option(None, "--engine-python", help="The Python of the engine's own environment (default: $QUANTKIT_VLLM_PYTHON, else .venv-vllm/bin/python; scripts/setup-engine.sh builds it)."),
-    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="The candidate on an OpenAI-compatible server you run (http://host:port); with --baseline-endpoint."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="The candidate on an OpenAI-compatible server you run (http://host:port, #NAME after it to name the model); with --baseline-endpoint."),
     baseline_endpoint: Optional[str] = typer.Option(None, "--baseline-endpoint", help="The baseline on an OpenAI-compatible server you run."),
     engine_dtype: str = typer.Option("auto", "--engine-dtype", help="dtype the engine runs (auto: float32 on the CPU, bfloat16 for int4 checkpoints there; the model's own on a GPU)."),
-    top_k: int = typer.Option(DEFAULT_TOP_K, "--top-k", help="Log-probabilities per position the engine returns; KL is estimated from them."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help=f"Log-probabilities per position the servers return; KL is estimated from them (default: {ENGINE_TOP_K} with --engine, {ENDPOINT_TOP_K} with --endpoint, vLLM's default cap)."),
     path_tokens: int = typer.Option(4096, "--path-tokens", help="Tokens per slice on which the engine's candidate is compared with quantkit's own path (0: no path agreement)."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""

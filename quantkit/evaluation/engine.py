@@ -99,8 +99,8 @@ class _Models:
         return []
 
     def settings(self) -> dict:
-        return {**self.record, "top_k": self.options.top_k,
-                "kl": f"estimated from both models' top-{self.options.top_k} log-probabilities (topk.py)",
+        return {**self.record, "top_k": self.options.k,
+                "kl": f"estimated from both models' top-{self.options.k} log-probabilities (topk.py)",
                 "path_tokens": self.options.path_tokens}
 
 
@@ -112,11 +112,11 @@ class VllmModels(_Models):
 
     def _open(self, who: str) -> Iterator[ServedModel]:
         folder = self.base_dir if who == "baseline" else self.cand_dir
-        opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype, max_logprobs=self.options.top_k,
+        opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype, max_logprobs=self.options.k,
                             startup_timeout_s=self.options.startup_timeout_s)
         with serve(self.engine, folder, opts) as s:
             self.record[who] = {**s.settings, "command": s.command}
-            yield ServedModel(s.endpoint, self.tokenizer, self.options.top_k)
+            yield ServedModel(s.endpoint, self.tokenizer, self.options.k)
 
 
 
@@ -135,7 +135,7 @@ class EndpointModels(_Models):
         ep = self.base_endpoint if who == "baseline" else self.cand_endpoint
         self.record[who] = {"engine": "endpoint", "url": ep.url, "model": ep.model, "version": ep.version(),
                             "max_model_len": ep.max_model_len}
-        yield ServedModel(ep, self.tokenizer, self.options.top_k)
+        yield ServedModel(ep, self.tokenizer, self.options.k)
 
 
 

@@ -101,7 +101,9 @@ class ForcedResult:
         out.update({k: buckets[k] for k in ("kl_first_bucket", "last_bucket_start", "last_bucket_end")
                     if k in buckets})
         if self.path and self.path["tokens"]:   # served: the tokens the path agreement compared
-            out.update(path_tokens=self.path["tokens"], path_top1=self.path["top1_same"] / self.path["tokens"])
+            p = self.path
+            out.update(path_tokens=p["tokens"], path_ppl_engine=perplexity(p["nll_engine"], p["tokens"]),
+                       path_ppl_own=perplexity(p["nll_in_process"], p["tokens"]), path_top1=p["top1_same"] / p["tokens"])
         return out
 
     def summary(self) -> dict:

@@ -57,7 +57,10 @@ class Endpoint:
 
     @classmethod
     def connect(cls, url: str, model: str | None = None, flag: str = "--endpoint") -> Endpoint:
-        """The endpoint at ``url``; ``model`` None: the one model the server serves."""
+        """The endpoint at ``url`` (``http://host:port``, ``#NAME`` after it names the model); ``model``
+        None and no name: the one model the server serves."""
+        url, _, named = url.partition("#")
+        model = model or named or None
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]

@@ -30,9 +30,10 @@ def session_members(sid: int) -> list[int]:
 
 def stop_session(sid: int, grace_s: float = 10.0, spare: int | None = None) -> int:
     """SIGTERM every member of session ``sid``, SIGKILL what is left after ``grace_s``; returns
-    how many were signalled. ``spare`` (the caller, when it is a member) is left alone."""
+    how many were signalled. ``spare`` (the caller, when it is a member) is left alone. A killed
+    process holding gigabytes can take seconds to go on a loaded machine: it is waited for."""
     signalled = 0
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 60.0)):
         members = [p for p in session_members(sid) if p != spare]
         if not members:
             break

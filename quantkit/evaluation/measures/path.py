@@ -25,7 +25,8 @@ def _has_path(s: ScoredSlice) -> bool:
 
 @measure(name="path_ppl_gap", higher_is_better=False, review=0.02, nogo=None, applies=_has_path,
          evidence="engine vs in-process perplexity of the same checkpoint, worst slice: see the module docstring",
-         title="path ppl gap", table_rank=30, meaning=MEANING)
+         title="path ppl gap", table=("path_tokens", "path_ppl_own", "path_ppl_engine", "path_ppl_gap"),
+         table_rank=30, meaning=MEANING)
 def path_ppl_gap(s: ScoredSlice) -> float:
     """|engine perplexity / in-process perplexity - 1| of the candidate on the same tokens."""
     p = s.forced.path
@@ -34,7 +35,7 @@ def path_ppl_gap(s: ScoredSlice) -> float:
 
 @measure(name="path_kl_mean", higher_is_better=False, review=0.1, nogo=None, applies=_has_path,
          evidence="engine vs in-process KL of the same checkpoint, worst slice: see the module docstring",
-         title="path KL", table=("path_tokens", "path_top1", "path_kl_mean"), table_rank=31, meaning=MEANING)
+         title="path KL", table=("path_top1", "path_kl_mean"), table_rank=31, meaning=MEANING)
 def path_kl_mean(s: ScoredSlice) -> float:
     """Mean KL(quantkit's packed path || the engine) per token, both from the engine's top-k
     (topk.py): the candidate in the engine against the same checkpoint in this process."""
