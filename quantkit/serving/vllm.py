@@ -40,6 +40,7 @@ PROBE = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, '
 # the engine's own configuration line: "Initializing a V1 LLM engine (v0.32.0) with config: model=..., dtype=..."
 CONFIG_KEYS = ("dtype", "max_seq_len", "quantization", "kv_cache_dtype", "enable_prefix_caching",
                "enable_chunked_prefill", "device_config")
+INHERITED_THREAD_PINS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 ERROR_LINE = re.compile(r"(Error|Exception|error:|ERROR)")
 
 
@@ -171,8 +172,11 @@ def serve(engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | N
     log = log_dir / f"vllm-{model_dir.name or 'model'}-{os.getpid()}-{time.monotonic_ns()}.log"
     port = free_port()
     cmd = server_command(engine, Path(model_dir), port, opts)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.cpu_kv_cache_gib)),
-           "PYTHONUNBUFFERED": "1"}
+    # vLLM's CPU build sizes and binds its own OpenMP threads; an inherited OMP_NUM_THREADS (quantkit's
+    # benchmarks pin it) made its decoding 25x slower on 2 cores, measured (docs/engine.md)
+    env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_PINS}
+    env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.cpu_kv_cache_gib)),
+               PYTHONUNBUFFERED="1")
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--", *cmd], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
