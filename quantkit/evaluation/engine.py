@@ -22,7 +22,7 @@ from quantkit.evaluation.checkpoint import load_model
 from quantkit.evaluation.models import pad_id
 from quantkit.evaluation.engine_options import NOT_MEASURED, EngineOptions
 from quantkit.serving.client import Endpoint
-from quantkit.serving.vllm import Engine, ServeOptions, engine_dtype, find_engine, serve
+from quantkit.serving.vllm import Engine, ServeOptions, Server, engine_dtype, find_engine
 
 def _context_limit(folder: Path) -> int | None:
     try:
@@ -109,15 +109,27 @@ class VllmModels(_Models):
     """Both models served by vLLM servers quantkit starts, one after the other."""
     engine: Engine | None = None
     dtype: str = "auto"
+    _next: Server | None = None          # the candidate's server, started during the baseline's pass
 
     def _open(self, who: str) -> Iterator[ServedModel]:
-        folder = self.base_dir if who == "baseline" else self.cand_dir
         opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype, max_logprobs=self.options.k,
                             startup_timeout_s=self.options.startup_timeout_s)
-        with serve(self.engine, folder, opts) as s:
+        if who == "baseline" and not self.engine.cuda:
+            # on the CPU the candidate's server starts while the baseline is scored (it is scored only after:
+            # the passes still take turns); on a GPU, where one model's server takes the memory, it waits
+            self._next = Server(self.engine, self.cand_dir, opts)
+        server = self._next if who == "candidate" and self._next else Server(
+            self.engine, self.base_dir if who == "baseline" else self.cand_dir, opts)
+        try:
+            s = server.ready()
             self.record[who] = {**s.settings, "command": s.command}
             yield ServedModel(s.endpoint, self.tokenizer, self.options.k)
-
+        except BaseException:
+            server.stop()
+            if self._next is not None and self._next is not server:   # the candidate's, started early
+                self._next.stop()
+            raise
+        server.stop(clean=True)
 
 
 @dataclass

@@ -163,36 +163,54 @@ def _wait_healthy(proc: subprocess.Popen, url: str, log: Path, timeout_s: float)
     raise EngineError(f"vLLM was not healthy after {timeout_s:.0f} s (log: {log})")
 
 
-@contextmanager
-def serve(engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | None = None) -> Iterator[Served]:
-    """vLLM's OpenAI server for ``model_dir`` on 127.0.0.1, healthy, until the block is left; then
-    no process of it remains. A server that exits or stays unhealthy fails with its own error line."""
-    own_dir = log_dir is None
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="quantkit-engine-"))
-    log = log_dir / f"vllm-{model_dir.name or 'model'}-{os.getpid()}-{time.monotonic_ns()}.log"
-    port = free_port()
-    cmd = server_command(engine, Path(model_dir), port, opts)
-    # vLLM's CPU build sizes and binds its own OpenMP threads; an inherited OMP_NUM_THREADS (quantkit's
-    # benchmarks pin it) made its decoding 25x slower on 2 cores, measured (docs/engine.md)
-    env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_PINS}
-    env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.cpu_kv_cache_gib)),
-               PYTHONUNBUFFERED="1")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--", *cmd], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                cwd=str(log_dir))
-    try:
-        url = f"http://127.0.0.1:{port}"
-        _wait_healthy(proc, url, log, opts.startup_timeout_s)
-        endpoint = Endpoint.connect(url, flag="--engine vllm")
-        yield Served(endpoint, cmd, log, proc.pid, engine_settings(log.read_text(errors="replace"), engine, endpoint))
-    finally:
-        stop_session(proc.pid)
+class Server:
+    """vLLM's OpenAI server for ``model_dir`` on 127.0.0.1, started (not yet healthy) on creation,
+    under the watchdog, in a session of its own; ``ready()`` waits for it, ``stop()`` stops every
+    process of it. A server that exits or stays unhealthy fails with its own error line."""
+
+    def __init__(self, engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | None = None) -> None:
+        self.engine, self.opts, self.own_dir = engine, opts, log_dir is None
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="quantkit-engine-"))
+        self.log = self.log_dir / f"vllm-{model_dir.name or 'model'}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self.url = f"http://127.0.0.1:{free_port()}"
+        self.command = server_command(engine, Path(model_dir), int(self.url.rsplit(":", 1)[1]), opts)
+        # vLLM's CPU build sizes and binds its own OpenMP threads; an inherited OMP_NUM_THREADS (quantkit's
+        # benchmarks pin it) made its decoding 25x slower on 2 cores, measured (docs/engine.md)
+        env = {k: v for k, v in os.environ.items() if k not in INHERITED_THREAD_PINS}
+        env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.cpu_kv_cache_gib)),
+                   PYTHONUNBUFFERED="1")
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--", *self.command],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True, cwd=str(self.log_dir))
+
+    def ready(self) -> Served:
+        _wait_healthy(self.proc, self.url, self.log, self.opts.startup_timeout_s)
+        endpoint = Endpoint.connect(self.url, flag="--engine vllm")
+        settings = engine_settings(self.log.read_text(errors="replace"), self.engine, endpoint)
+        return Served(endpoint, self.command, self.log, self.proc.pid, settings)
+
+    def stop(self, clean: bool = False) -> None:
+        """Stop every process of the server; ``clean`` (it ran without error): its log goes too."""
+        stop_session(self.proc.pid)
         try:
-            proc.wait(timeout=10)
+            self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             pass
-        if session_members(proc.pid):
-            raise EngineError(f"vLLM processes outlived their stop: {session_members(proc.pid)}")
-    if own_dir:   # stopped cleanly: the log is kept only when something went wrong (the error names it)
-        shutil.rmtree(log_dir, ignore_errors=True)
+        left = session_members(self.proc.pid)
+        if left:
+            raise EngineError(f"vLLM processes outlived their stop: {left}")
+        if clean and self.own_dir:   # the log is kept only when something went wrong (the error names it)
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+@contextmanager
+def serve(engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | None = None) -> Iterator[Served]:
+    """A healthy ``Server`` until the block is left; then no process of it remains."""
+    server = Server(engine, model_dir, opts, log_dir)
+    try:
+        yield server.ready()
+    except BaseException:
+        server.stop()
+        raise
+    server.stop(clean=True)
