@@ -32,14 +32,14 @@ def _refused(res, out, *fragments: str) -> str:
     (["--engine", "vllm", "--engine-python", sys.executable], ["--engine-python:", "cannot import vLLM"]),
     (["--engine", "vllm", "--top-k", "0"], ["--top-k: expected 1-100"]),
 ])
-def test_refused_before_anything_starts(flags, fragments, fp8_checkpoint, tmp_path):
-    res = quantkit("eval", "--candidate", fp8_checkpoint, *flags, "--out", tmp_path / "r", timeout=600)
+def test_refused_before_anything_starts(flags, fragments, w8a8_checkpoint, tmp_path):
+    res = quantkit("eval", "--candidate", w8a8_checkpoint, *flags, "--out", tmp_path / "r", timeout=600)
     _refused(res, tmp_path / "r", *fragments)
 
 
-def test_an_unreachable_endpoint_is_named(fp8_checkpoint, tmp_path):
+def test_an_unreachable_endpoint_is_named(w8a8_checkpoint, tmp_path):
     port = free_port()   # nothing listens there
-    res = quantkit("eval", "--candidate", fp8_checkpoint, "--endpoint", f"http://127.0.0.1:{port}",
+    res = quantkit("eval", "--candidate", w8a8_checkpoint, "--endpoint", f"http://127.0.0.1:{port}",
                    "--baseline-endpoint", f"http://127.0.0.1:{port}", "--out", tmp_path / "r", timeout=600)
     _refused(res, tmp_path / "r", f"http://127.0.0.1:{port}/v1/models: cannot connect")
 

@@ -21,24 +21,27 @@ def engine_python():
 
 
 @pytest.fixture(scope="module")
-def fp8(fp8_checkpoint):
+def ckpt(w8a8_checkpoint):
     require_engine()
-    return fp8_checkpoint
+    return w8a8_checkpoint
 
 
-def test_fp8_in_the_engine_agrees_with_quantkit_and_names_vllm(engine_python, fp8, tmp_path):
-    recipe = small_recipe(tmp_path / "small.yaml")
-    common = ("--candidate", fp8, "--suite", "numbers-en,knowledge-en", "--max-len", "1024", "--recipe", recipe)
+def test_w8a8_in_the_engine_agrees_with_quantkit_and_names_vllm(engine_python, ckpt, tmp_path):
+    # teacher-forced texts and multiple choice: greedy generation over a few prompts flips with the
+    # engine's own int8 rounding (benchmarks/RESULTS.md, the engine evaluation)
+    recipe = small_recipe(tmp_path / "small.yaml", gen_prompts=0, extract_items=0)
+    common = ("--candidate", ckpt, "--suite", "numbers-en,knowledge-en", "--max-len", "1024", "--recipe", recipe)
     res = quantkit("eval", *common, "--engine", "vllm", "--out", tmp_path / "engine")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert not no_engine_left(str(fp8))
+    assert not no_engine_left(str(ckpt))
     ref = quantkit("eval", *common, "--out", tmp_path / "in-process")
     assert ref.returncode == 0, ref.stderr[-3000:]
     eng, own = report(tmp_path / "engine"), report(tmp_path / "in-process")
     engine = eng["meta"]["engine"]
     for who in ("baseline", "candidate"):
         assert engine[who]["engine"] == "vllm" and engine[who]["version"] == "0.32.0"
-        assert engine[who]["dtype"] == "float32" and engine[who]["max_model_len"] == 1024
+        # one more than --max-len: a window of the full length plus its one output token fits
+        assert engine[who]["dtype"] == "float32" and engine[who]["max_model_len"] == 1025
     assert engine["candidate"]["quantization"] == "compressed-tensors"
     assert engine["baseline"]["quantization"] == "None"
     assert any("--kv" in n for n in engine["not_measured"])
@@ -47,18 +50,20 @@ def test_fp8_in_the_engine_agrees_with_quantkit_and_names_vllm(engine_python, fp
     for key in ("ppl_base", "ppl_cand"):
         assert abs(s_eng[key] / s_own[key] - 1) <= 0.03, (key, s_eng[key], s_own[key])
     assert abs(s_eng["top1_agreement"] - s_own["top1_agreement"]) <= 0.03
-    assert eng["slices"]["knowledge-en"]["mc_items"] == own["slices"]["knowledge-en"]["mc_items"] == 12
-    assert s_eng["path_top1"] >= 0.95 and s_eng["path_ppl_gap"] <= 0.03
-    assert eng["verdict"]["decision"] == own["verdict"]["decision"]
+    mc_eng, mc_own = eng["slices"]["knowledge-en"], own["slices"]["knowledge-en"]
+    assert mc_eng["mc_items"] == mc_own["mc_items"] == 12
+    assert mc_eng["mc_accuracy_base"] == mc_own["mc_accuracy_base"]   # fp32 in both paths: the same picks
+    assert not [r for r in eng["verdict"]["reasons"] if r["measure"].startswith("path_")]
+    assert 0 < s_eng["path_kl_mean"] < 0.1 and s_eng["path_tokens"] == s_eng["tokens"]
 
 
-def test_a_context_cap_below_the_deployment_length_is_refused_before_any_server(engine_python, fp8, tmp_path):
+def test_a_context_cap_below_the_deployment_length_is_refused_before_any_server(engine_python, ckpt, tmp_path):
     capped = tmp_path / "capped"
     capped.mkdir()
-    for f in fp8.iterdir():
+    for f in ckpt.iterdir():
         if f.is_file() and f.name != "config.json":
             shutil.copy(f, capped / f.name)
-    cfg = json.loads((fp8 / "config.json").read_text())
+    cfg = json.loads((ckpt / "config.json").read_text())
     (capped / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 1024}))
     res = quantkit("eval", "--candidate", capped, "--engine", "vllm", "--max-len", "2048", "--out", tmp_path / "r",
                    timeout=600)

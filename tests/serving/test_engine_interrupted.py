@@ -9,15 +9,15 @@ from engine_helpers import no_engine_left, quantkit, require_engine, small_recip
 
 
 @pytest.fixture(scope="module")
-def fp8(fp8_checkpoint):
+def ckpt(w8a8_checkpoint):
     require_engine()
-    return fp8_checkpoint
+    return w8a8_checkpoint
 
 
-def _run_until(point: str, fp8, tmp_path, signal: str = "KILL"):
+def _run_until(point: str, ckpt, tmp_path, signal: str = "KILL"):
     recipe = small_recipe(tmp_path / "small.yaml")
     out = tmp_path / "report"
-    res = quantkit("eval", "--candidate", fp8, "--suite", "numbers-en", "--max-len", "512", "--recipe", recipe,
+    res = quantkit("eval", "--candidate", ckpt, "--suite", "numbers-en", "--max-len", "512", "--recipe", recipe,
                    "--engine", "vllm", "--out", out,
                    env={"QUANTKIT_TEST_KILL_AT": point, "QUANTKIT_TEST_KILL_SIGNAL": signal})
     return res, out
@@ -30,16 +30,16 @@ def _nothing_complete(out) -> bool:
 
 
 @pytest.mark.parametrize("point", ["engine:starting", "engine:scoring", "report:writing"])
-def test_killed_outright_leaves_no_engine_and_no_report(point, fp8, tmp_path):
-    res, out = _run_until(point, fp8, tmp_path)
+def test_killed_outright_leaves_no_engine_and_no_report(point, ckpt, tmp_path):
+    res, out = _run_until(point, ckpt, tmp_path)
     assert res.returncode == -9, (res.returncode, res.stderr[-2000:])
-    assert not no_engine_left(str(fp8)), point
+    assert not no_engine_left(str(ckpt)), point
     assert _nothing_complete(out)
 
 
-def test_sigterm_mid_scoring_stops_the_engine_and_says_so(fp8, tmp_path):
-    res, out = _run_until("engine:scoring", fp8, tmp_path, signal="TERM")
+def test_sigterm_mid_scoring_stops_the_engine_and_says_so(ckpt, tmp_path):
+    res, out = _run_until("engine:scoring", ckpt, tmp_path, signal="TERM")
     assert res.returncode == 130, (res.returncode, res.stderr[-2000:])
     assert res.stderr.strip().splitlines()[-1] == "interrupted: no report was written"
-    assert not no_engine_left(str(fp8), within_s=5)   # stopped before the command returned
+    assert not no_engine_left(str(ckpt), within_s=5)   # stopped before the command returned
     assert _nothing_complete(out)
