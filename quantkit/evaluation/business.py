@@ -80,7 +80,7 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
     _refuse_malformed(path, raw)
     rows = []
     for line, record in raw.records:
-        record = _aliases(record)
+        record = field_aliases(record)
         try:  # the scan needs no template: content, task and instruction only
             rows.append((render_record(line, record, FIELDS, lambda messages: ""), record))
         except RowError as e:
@@ -161,7 +161,7 @@ def _sha256(path: Path) -> str:
     return file_sha256(path)
 
 
-def _aliases(record: dict) -> dict:
+def field_aliases(record: dict) -> dict:
     """The evaluation's older field names: ``response`` for ``completion``, ``task_type`` for ``task``."""
     out = dict(record)
     if "completion" not in out and "response" in out:
