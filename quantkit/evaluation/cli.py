@@ -349,6 +349,22 @@ def _print_result(result, path: Path) -> None:
         typer.echo(f"  (information) {noise_text(n)}")
 
 
+def _emit(engine: str, fp, model: str) -> None:
+    """``--emit vllm``: the launch config as YAML, then as a command line (launch_config.py)."""
+    import yaml
+
+    from quantkit.evaluation.launch_config import command_line, vllm_launch
+
+    if engine != "vllm":
+        _fail(f"--emit: {engine!r}: expected vllm")
+    try:
+        cfg = vllm_launch(fp, model)
+    except QuantkitError as e:
+        _fail(str(e))
+    typer.echo(yaml.safe_dump(cfg, sort_keys=False).rstrip())
+    typer.echo(f"# {command_line(cfg)}")
+
+
 def plan_command(
     model: Optional[str] = typer.Argument(None, help="Model folder or config.json (default: the embedded SmolLM2-135M-Instruct)."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory, e.g. 80GiB, 24GB."),
@@ -358,6 +374,7 @@ def plan_command(
     group_size: int = typer.Option(128, "--group-size", help="Group size for the scale overhead of 4-bit weights."),
     utilization: float = typer.Option(0.9, "--utilization", help="Fraction of GPU memory the server may use."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+    emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config from the memory account instead: vllm (YAML for vllm serve --config, then the same as a command line)."),
 ):
     """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
     from quantkit.evaluation.plan import BITS, WeightFormat, plan
@@ -373,6 +390,9 @@ def plan_command(
                   utilization=utilization, kv_option=option)
     except QuantkitError as e:
         _fail(str(e))
+    if emit is not None:
+        _emit(emit, fp, str(model or target))
+        return
     if as_json:
         typer.echo(dumps_strict(fp.to_dict(), indent=2))
         return
