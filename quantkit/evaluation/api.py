@@ -348,7 +348,6 @@ def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None =
         measures.update(flagged_measures(cfg.integrity, cfg.thresholds))
     verdict = _judge(measures, cfg, setup, suite)
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
-    setup.warnings += served.warnings()
     meta = _meta(cfg, setup, suite)
     meta["engine"] = {**served.settings(), "not_measured": served.not_measured()}
     return EvalResult(meta, suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds, cfg.footprint,

@@ -9,13 +9,13 @@ for the path agreement (measures/path.py), unless ``path_tokens`` is 0.
 """
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 from quantkit.errors import QuantkitError
+from quantkit.inputs.model_folder import read_config_json
 from quantkit.evaluation.backends.served import ServedModel
 from quantkit.evaluation.backends.served_forced import PathCheck
 from quantkit.evaluation.checkpoint import load_model
@@ -25,12 +25,8 @@ from quantkit.serving.client import Endpoint
 from quantkit.serving.vllm import Engine, ServeOptions, Server, engine_dtype, find_engine
 
 def _context_limit(folder: Path) -> int | None:
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    text = cfg.get("text_config") or cfg
-    return text.get("max_position_embeddings")
+    cfg = read_config_json(folder)   # a broken config.json is one line naming it, not a silent None
+    return (cfg.get("text_config") or cfg).get("max_position_embeddings")
 
 
 def deployment_length(base_dir: Path, cand_dir: Path, max_len: int | None, source: str | None) -> tuple[int, str]:
@@ -94,9 +90,6 @@ class _Models:
 
     def not_measured(self) -> list[str]:
         return list(NOT_MEASURED) + ([] if self.options.path_tokens else ["path agreement (--path-tokens 0)"])
-
-    def warnings(self) -> list[str]:
-        return []
 
     def settings(self) -> dict:
         return {**self.record, "top_k": self.options.k,
