@@ -19,6 +19,7 @@ from quantkit.calibration.cli import calibrate_command
 from quantkit.common.disk_space import disk_full_error, is_disk_full
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.cli import eval_command, plan_command
+from quantkit.workflows.cli import loadtest_command
 from quantkit.common.outputs import OutputPolicy
 from quantkit.common.jsonio import dumps_strict
 
@@ -398,6 +399,7 @@ def sensitivity_command(
 app.command("calibrate")(calibrate_command)
 app.command("eval")(eval_command)
 app.command("plan")(plan_command)
+app.command("loadtest")(loadtest_command)
 
 
 def main() -> None:

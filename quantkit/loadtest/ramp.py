@@ -5,19 +5,25 @@ output tokens/s, TTFT / TPOT / ITL / end-to-end latency at P50, P90 and P99, goo
 that met the SLO: only throughput within the objective counts), errors.
 
 The knee, by rule: the first step whose output throughput grew by less than ``FLAT`` over the
-step before while its TPOT P50 grew by more than ``TPOT_GROWTH`` (or whose throughput fell);
+step before while its latency grew fast: TPOT P50 by more than ``TPOT_GROWTH`` (the batch slows
+every stream), or TTFT P50 by more than ``TTFT_GROWTH`` (requests queue for a slot: a server
+capped by ``max_num_seqs`` keeps its TPOT and makes new requests wait), or whose throughput fell;
 the knee is the step before it, where throughput stopped paying for latency. Production runs at
 ``SHARE`` of it, rounded down, at least 1.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Iterator
 
+from quantkit.errors import QuantkitError
 from quantkit.loadtest.lengths import percentile
-from quantkit.loadtest.slo import SLO
+from quantkit.loadtest.slo import KEYS, SLO
 
 FLAT = 0.10           # output throughput gained by the next step, below which it has flattened
 TPOT_GROWTH = 0.25    # TPOT P50 grown by the next step, above which latency pays for it
+TTFT_GROWTH = 1.0     # TTFT P50 grown by the next step (doubled), above which requests queue
 SHARE = 0.7           # of the knee, the concurrency recommended for production
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
 
@@ -52,11 +58,15 @@ def find_knee(steps: list[dict]) -> int | None:
     """
     for prev, step in zip(steps, steps[1:]):
         gain = step["output_tokens_per_s"] / prev["output_tokens_per_s"] - 1 if prev["output_tokens_per_s"] else 0
-        p0, p1 = (prev.get("tpot_ms") or {}).get("p50"), (step.get("tpot_ms") or {}).get("p50")
-        slower = p0 is not None and p1 is not None and p1 > p0 * (1 + TPOT_GROWTH)
+        slower = _grew(prev, step, "tpot_ms", TPOT_GROWTH) or _grew(prev, step, "ttft_ms", TTFT_GROWTH)
         if gain < 0 or (gain < FLAT and slower):
             return prev["concurrency"]
     return None
+
+
+def _grew(prev: dict, step: dict, key: str, share: float) -> bool:
+    p0, p1 = (prev.get(key) or {}).get("p50"), (step.get(key) or {}).get("p50")
+    return p0 is not None and p1 is not None and p1 > p0 * (1 + share)
 
 
 def recommended(knee: int) -> int:
@@ -66,3 +76,83 @@ def recommended(knee: int) -> int:
     (11, 1)
     """
     return max(1, math.floor(SHARE * knee))
+
+
+@dataclass(frozen=True)
+class RampPolicy:
+    """How the ramp climbs and when it stops.
+
+    Concurrency starts at ``start`` and doubles up to ``max_concurrency``. A step sends a
+    warm-up wave (one request per slot, not counted: every slot starts at once) and then at least
+    ``min_requests`` and ``per_slot`` requests a slot more, the ones its figures come from. The ramp
+    stops once the knee is passed, once the SLO is broken at P99 for ``slo_break_steps`` steps in a
+    row, once a step's errors pass ``error_share`` of its requests, at ``max_concurrency``, or when
+    ``max_seconds`` are spent.
+    """
+    start: int = 1
+    max_concurrency: int = 256
+    min_requests: int = 16
+    per_slot: int = 2
+    slo_break_steps: int = 2
+    error_share: float = 0.05
+    max_seconds: float = 30 * 60.0
+
+    def __post_init__(self) -> None:
+        if self.start < 1 or self.max_concurrency < self.start:
+            raise QuantkitError(f"--max-concurrency: {self.max_concurrency}: must be at least the first step "
+                                f"({self.start})")
+        if self.min_requests < 1 or self.per_slot < 1:
+            raise QuantkitError("--min-requests: must be at least 1")
+        if self.max_seconds <= 0:
+            raise QuantkitError("--max-minutes: must be above 0")
+
+    def concurrencies(self) -> Iterator[int]:
+        """1, 2, 4, ... up to ``max_concurrency`` (which is the last step even when not a power of two).
+
+        >>> list(RampPolicy(max_concurrency=12).concurrencies())
+        [1, 2, 4, 8, 12]
+        """
+        c = self.start
+        while c < self.max_concurrency:
+            yield c
+            c *= 2
+        yield self.max_concurrency
+
+    def measured(self, concurrency: int) -> int:
+        """The requests a step's figures come from.
+
+        >>> RampPolicy().measured(1), RampPolicy().measured(32)
+        (16, 64)
+        """
+        return max(self.min_requests, self.per_slot * concurrency)
+
+
+def slo_broken_p99(step: dict, slo: SLO) -> list[str]:
+    """The SLO's bounds this step breaks at P99 (``ttft``, ``tpot``, ...).
+
+    >>> slo_broken_p99({"ttft_ms": {"p99": 2500.0}, "tpot_ms": {"p99": 40.0}}, SLO(ttft=2.0, tpot=0.05))
+    ['ttft']
+    """
+    out = []
+    for key in KEYS:
+        bound, p = getattr(slo, key), (step.get(f"{key}_ms") or {}).get("p99")
+        if bound is not None and p is not None and p > bound * 1000:
+            out.append(key)
+    return out
+
+
+def stop_reason(steps: list[dict], policy: RampPolicy, slo: SLO) -> str | None:
+    """Why the ramp stops after ``steps`` (None: climb on). The time limit is the caller's."""
+    last = steps[-1]
+    sent = last["requests"] + last["errors"]
+    if sent and last["errors"] > policy.error_share * sent:
+        return f"errors: {last['errors']} of {sent} requests failed at concurrency {last['concurrency']}"
+    knee = find_knee(steps)
+    if knee is not None:
+        return f"passed the knee at concurrency {knee}"
+    tail = steps[-policy.slo_break_steps:]
+    if len(tail) == policy.slo_break_steps and all(slo_broken_p99(s, slo) for s in tail):
+        return f"the SLO broken at P99 for {policy.slo_break_steps} steps ({', '.join(slo_broken_p99(last, slo))})"
+    if last["concurrency"] >= policy.max_concurrency:
+        return f"reached --max-concurrency {policy.max_concurrency}"
+    return None

@@ -42,6 +42,9 @@ CONFIG_KEYS = ("dtype", "max_seq_len", "quantization", "kv_cache_dtype", "enable
                "enable_chunked_prefill", "device_config")
 INHERITED_THREAD_PINS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 ERROR_LINE = re.compile(r"(Error|Exception|error:|ERROR)")
+# the KV cache it allocated: "CPU KV cache size: 43,690 tokens, Maximum concurrency for 8,192 tokens per request: 5.33x"
+KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
+                         r"([\d.]+)x")
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,25 @@ def engine_settings(log_text: str, engine: Engine, endpoint: Endpoint) -> dict:
         m = re.search(rf"\b{key}=([^,]+)", line)
         if m:
             out[key] = m.group(1).strip().strip("'").removeprefix("torch.")
-    return out
+    for key in ("max_num_seqs", "max_num_batched_tokens"):   # from its "non-default args" line
+        m = re.search(rf"'{key}': (\d+)", log_text)
+        if m:
+            out[key] = int(m.group(1))
+    return out | kv_capacity(log_text)
+
+
+def kv_capacity(log_text: str) -> dict:
+    """The KV cache the engine allocated, in tokens, and the requests at ``max_model_len`` it holds.
+
+    >>> kv_capacity("INFO CPU KV cache size: 43,690 tokens, Maximum concurrency for 8,192 tokens per request: 5.33x")
+    {'kv_cache_tokens': 43690, 'max_concurrency': 5.33}
+    >>> kv_capacity("no such line")
+    {}
+    """
+    m = KV_CAPACITY.search(log_text)
+    if not m:
+        return {}
+    return {"kv_cache_tokens": int(m.group(1).replace(",", "")), "max_concurrency": float(m.group(3))}
 
 
 def _last_error(log: Path) -> str:

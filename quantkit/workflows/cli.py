@@ -1,0 +1,89 @@
+"""Commands whose work lives in workflows/: ``quantkit loadtest`` over workflows/loadtest.py."""
+from __future__ import annotations
+
+import signal
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from quantkit.common.outputs import OutputPolicy, existing_path
+from quantkit.errors import QuantkitError
+from quantkit.loadtest.ramp import RampPolicy
+from quantkit.loadtest.slo import parse_slo
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.echo(f"error: {msg}", err=True)
+    raise typer.Exit(code=code)
+
+
+def step_runner(workdir: Path):
+    """The load generator behind each step (loadtest/generator.py), for one endpoint."""
+    from quantkit.loadtest.generator import run_step
+
+    def runner_for(ep, model_dir):
+        def run(requests, concurrency, left):
+            r = run_step(ep.url, ep.model, requests, concurrency, timeout_s=left, workdir=workdir,
+                         tokenizer_dir=model_dir)
+            return r.timings, r.seconds, r.tool
+        return run
+    return runner_for
+
+
+def loadtest_command(
+    model: Optional[str] = typer.Argument(None, help="The checkpoint (or model folder) to load-test (default: the embedded SmolLM2-135M-Instruct); its tokenizer renders the traffic."),
+    traffic: Path = typer.Option(..., "--traffic", help="Your traffic log (as quantkit calibrate reads it): prompt and reply lengths are fitted to it, prompts are taken from it."),
+    slo: str = typer.Option(..., "--slo", help="Latency objective goodput counts against, e.g. ttft=2s,tpot=50ms (ttft, tpot, itl, e2e)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Report folder (report.json, report.md, report.html)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Start the server here on 127.0.0.1: vllm, with the launch config of quantkit plan --emit vllm."),
+    engine_python: Optional[Path] = typer.Option(None, "--engine-python", help="The Python of vLLM's own environment (default: $QUANTKIT_VLLM_PYTHON, else .venv-vllm/bin/python)."),
+    endpoint: Optional[str] = typer.Option(None, "--endpoint", help="Load a server you run instead (http://host:port, #NAME after it to name the model)."),
+    baseline: Optional[str] = typer.Option(None, "--baseline", help="Also ramp this model (with --engine) with the same requests, first; the report states the speedup."),
+    baseline_endpoint: Optional[str] = typer.Option(None, "--baseline-endpoint", help="The baseline on a server you run (with --endpoint)."),
+    max_minutes: float = typer.Option(30.0, "--max-minutes", help="Time limit of each ramp; the step under way when it runs out is not counted."),
+    max_concurrency: int = typer.Option(256, "--max-concurrency", help="The last concurrency step."),
+    min_requests: int = typer.Option(16, "--min-requests", help="Requests a step's figures come from, at least (2 a slot at high concurrency), after a warm-up wave."),
+    max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context the server serves (default: the model's max_position_embeddings)."),
+    gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the launch config's account (vLLM on a GPU)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the drawn requests (the same for the baseline and the candidate)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit loadtest report."),
+):
+    """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
+    knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
+    from quantkit.loadtest import report
+    from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest
+
+    policy = OutputPolicy("loadtest", {"traffic log": existing_path(traffic), "model": existing_path(model),
+                                       "baseline model": existing_path(baseline)})
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        opts = LoadtestOptions(model, traffic, parse_slo(slo), out, engine, engine_python, endpoint, baseline,
+                               baseline_endpoint, RampPolicy(max_concurrency=max_concurrency, min_requests=min_requests,
+                                                             max_seconds=max_minutes * 60),
+                               max_model_len, gpu_mem, seed, overwrite)
+        policy.check(out, overwrite)
+        with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir:
+            data = loadtest(opts, step_runner(Path(workdir)), _progress)
+    except QuantkitError as e:
+        _fail(str(e))
+    except LoadtestInterrupted as e:
+        if any(r["steps"] for r in e.data["ramps"]):
+            report.save(e.data, out, policy, overwrite)
+            typer.echo(f"incomplete report (the steps that completed): {out / 'report.html'}", err=True)
+        _fail(str(e), 130 if isinstance(e.cause, KeyboardInterrupt) else 2)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    path = report.save(data, out, policy, overwrite)
+    typer.echo(f"load test: {path / 'report.html'}")
+    for line in report.summary_lines(data):
+        typer.echo(f"  {line}")
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _progress(message: str) -> None:
+    typer.echo(message, err=True)
