@@ -6,7 +6,7 @@ reads), then the recipe, how to load the checkpoint in vLLM and transformers, th
 (its size and content hash, never its text), the footprint, the verdict once the evaluation has
 run, and the base model's own card below. Everything is read from the checkpoint's own files, so
 the card is the same bytes for the same checkpoint (a resumed run included) and is rendered again,
-with the verdict, after the evaluation.
+with the verdict, after the evaluation, in the language it was written in.
 
 The words are English or Chinese (``quantkit convert --lang zh``), one ``README.md`` either way:
 the hub shows only that file. The front matter is the same keys and values in both, as the hub
