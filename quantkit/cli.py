@@ -73,10 +73,12 @@ def convert(
     nproc: Optional[str] = typer.Option(None, "--nproc", help="Data-parallel calibration on this many local ranks "
                                         "(launches torchrun; gloo on the CPU, NCCL on GPUs): each runs a share of the "
                                         "calibration batches, statistics are all-reduced, rank 0 writes."),
+    lang: str = typer.Option("en", "--lang", help="Language of the model card (README.md in the output): en or "
+                             "zh. The front matter is the same in both."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
     flags = ConvertFlags(model, recipe, out, calib, group_size, ignore or [], num_samples, max_seq_len, overwrite,
-                         resume, device, budget, sensitivity, no_eval, trust_remote_code, nproc)
+                         resume, device, budget, sensitivity, no_eval, trust_remote_code, nproc, lang)
     terminated: list[int] = []
 
     def on_sigterm(signum, frame):   # cleans up as Ctrl-C does
@@ -120,6 +122,7 @@ class ConvertFlags:
     no_eval: bool
     trust_remote_code: bool
     nproc: str | None
+    lang: str
 
 
 def _convert(f: ConvertFlags) -> None:
@@ -128,7 +131,9 @@ def _convert(f: ConvertFlags) -> None:
     # the flags and the recipe are checked before the pipeline's modules (transformers) load:
     # a refused command answers in about the time Python takes to import torch
     from quantkit.common import distributed
+    from quantkit.workflows.model_card import check_lang
 
+    check_lang(f.lang)
     ranks = distributed.parse_nproc(f.nproc, f.device)
     launched = distributed.launched_ranks()
     if ranks is not None and launched > 1 and ranks != launched:
@@ -151,7 +156,8 @@ def _convert(f: ConvertFlags) -> None:
     if go:
         q = _smallest_go(f, r, out, device, progress, say)
     else:
-        options = api.ConvertOptions(f.ignore, out.parent, out, f.resume, device, progress, say, f.trust_remote_code)
+        options = api.ConvertOptions(f.ignore, out.parent, out, f.resume, device, progress, say, f.trust_remote_code,
+                                     f.lang)
         q = api.convert(f.model, r, f.calib, options, inputs)
     if not writes:
         return
@@ -159,9 +165,9 @@ def _convert(f: ConvertFlags) -> None:
     _say_done(q.summary(), path)
     if go:
         _say_smallest_go(path)
-        _card_with_verdict(path)   # the search evaluated the plan it kept
+        _card_with_verdict(path, f.lang)   # the search evaluated the plan it kept
     elif not f.no_eval:
-        _maybe_eval(f.model, path, r, f.calib)
+        _maybe_eval(f.model, path, r, f.calib, f.lang)
 
 
 def _convert_recipe(f: ConvertFlags):
@@ -240,7 +246,6 @@ def _budget(text: str | None) -> float | None:
 def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
     """``--budget go``: plans converted and evaluated until the smallest GO is found (smallest_go.py)."""
     from quantkit.workflows.convert import ConvertOptions
-    from quantkit.evaluation import evaluate_checkpoint
     from quantkit.workflows.smallest_go import RESULT_FILE, smallest_go
 
     if f.no_eval:
@@ -249,10 +254,11 @@ def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
         raise QuantkitError("--budget go: --resume continues one conversion, not a search; drop --resume")
 
     def verdict(folder: Path) -> str:
-        report = evaluate_checkpoint(f.model, folder, r, f.calib)
+        report = _evaluate(f.model, folder, r, f.calib)
         return json.loads((report / "report.json").read_text(encoding="utf-8"))["decision"]
 
-    options = ConvertOptions(ignore=f.ignore, device=device, progress=progress, trust_remote_code=f.trust_remote_code)
+    options = ConvertOptions(ignore=f.ignore, device=device, progress=progress, trust_remote_code=f.trust_remote_code,
+                             lang=f.lang)
     q, search = smallest_go(f.model, r, f.calib, evaluate=verdict, workdir=out.parent, log=say, options=options)
     if search.found is None:
         say(f"smallest GO: no plan up to {search.high_bits:.3f} bits per weight is GO; writing the "
@@ -289,18 +295,27 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
     raise typer.Exit(code=128 + sig)
 
 
-def _maybe_eval(model, path: Path, recipe, calib: str | None) -> None:
+def _evaluate(model, path: Path, recipe, calib: str | None) -> Path:
+    """The evaluation convert runs on a checkpoint it wrote (after the conversion, or for each plan
+    of ``--budget go``); its report folder. The one place convert starts an evaluation: the
+    report's language goes here, from ``--lang``, once ``evaluate_checkpoint`` takes one (until
+    then the report is English while the card follows ``--lang``)."""
     from quantkit.evaluation import evaluate_checkpoint
 
-    evaluate_checkpoint(model, path, recipe, calib)
-    _card_with_verdict(path)
+    return evaluate_checkpoint(model, path, recipe, calib)
 
 
-def _card_with_verdict(path: Path) -> None:
-    """The checkpoint's model card rendered again, now with its evaluation's verdict."""
+def _maybe_eval(model, path: Path, recipe, calib: str | None, lang: str | None = None) -> None:
+    _evaluate(model, path, recipe, calib)
+    _card_with_verdict(path, lang)
+
+
+def _card_with_verdict(path: Path, lang: str | None = None) -> None:
+    """The checkpoint's model card rendered again, now with its evaluation's verdict, in ``lang``
+    (None: the language it was written in)."""
     from quantkit.workflows.model_card import write_card
 
-    write_card(path)
+    write_card(path, lang=lang)
 
 
 @app.command()

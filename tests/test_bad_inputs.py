@@ -216,6 +216,11 @@ def device_tpu(w, tmp):
 
 
 @case
+def card_language_unknown(w, tmp):
+    return convert(w.model, tmp, "--lang", "zh-TW"), "--lang: no model card in 'zh-TW'; one of en, zh"
+
+
+@case
 def eval_truncated_plain_candidate(w, tmp):
     m = model_copy(w, tmp)
     truncate(m / "model.safetensors")

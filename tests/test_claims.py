@@ -1,4 +1,5 @@
-"""Every figure the README and the guides cite is in benchmarks/RESULTS.md, where they say it is.
+"""Every figure the README and the guides (the Chinese ones too) cite is in benchmarks/RESULTS.md,
+where they say it is.
 
 A cited figure is a link into RESULTS.md: `[2.3x](benchmarks/RESULTS.md#calibration-sampler)`.
 The checker fails when the anchor is not one of RESULTS.md's `## ` sections, when the figure's
@@ -42,7 +43,8 @@ def sections(results_text: str) -> dict[str, str]:
 
 
 def pages(root: Path) -> list[Path]:
-    return sorted(root.glob("README*.md")) + sorted((root / "docs").glob("*.md"))
+    """The README in each language and every guide, the translated ones in docs/zh/ included."""
+    return sorted(root.glob("README*.md")) + sorted((root / "docs").rglob("*.md"))
 
 
 def check_claims(root: Path) -> list[str]:
@@ -129,3 +131,10 @@ def test_a_missing_section_or_a_bare_mention_fails(tmp_path):
 def test_a_script_that_is_not_in_the_repository_fails():
     text = "    python qrun.py /tmp/x\n    .venv/bin/python benchmarks/gptq.py --threads 2\n"
     assert check_commands(text, ROOT) == ["RESULTS.md names qrun.py, which is not in the repository"]
+
+
+def test_a_figure_in_a_translated_guide_is_checked(tmp_path):
+    root = copy_docs(tmp_path)
+    guide = root / "docs" / "zh" / "planted.md"
+    guide.write_text("GPTQ 耗时是它的 [0.123x](../../benchmarks/RESULTS.md#gptq)。\n", encoding="utf-8")
+    assert check_claims(root) == ["docs/zh/planted.md:1: '0.123x' is not in RESULTS.md#gptq"]

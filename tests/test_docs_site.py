@@ -39,6 +39,10 @@ def test_site_builds_strict_with_the_generated_cli_reference(tmp_path):
     assert "--budget" in cli              # and its flags
     results = (site / "benchmarks" / "RESULTS" / "index.html").read_text()
     assert 'id="kv-cache"' in results
+    for page in ("quantize", "evaluate", "vllm", "engine", "python-api"):   # the Chinese guides
+        html = (site / "docs" / "zh" / page / "index.html").read_text(encoding="utf-8")
+        assert "英文原版" in html, page
+        assert 'href="../../../benchmarks/RESULTS/#' in html, page   # a cited figure's link, resolved
 
 
 def test_a_broken_link_fails_the_build(tmp_path):

@@ -1,15 +1,19 @@
 """Every converted checkpoint carries a model card (README.md, Hugging Face convention): front
 matter a hub reads, the recipe, how to load it, the calibration set without its text, the size,
-the verdict once the evaluation ran, and the base model's card below."""
+the verdict once the evaluation ran, and the base model's card below; in English, or in Chinese
+with ``--lang zh`` (the same front matter)."""
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
 import yaml
+from typer.testing import CliRunner
 
 import quantkit
 from model_factory import make_llama_dir, save_byte_tokenizer
-from quantkit.workflows.model_card import BASE_CARD_HEADING, split_card, write_card
+from quantkit.workflows.model_card import BASE_CARD_HEADING, own_card_parts, split_card, write_card
 
 BASE_CARD = "---\nlanguage:\n- en\n- zh\nlicense: mit\npipeline_tag: text-generation\n---\nThe base model's own words.\n"
 MARKER = "zebra-quokka-4411"   # calibration text that must never reach the card
@@ -68,3 +72,78 @@ def test_a_base_card_in_another_encoding_does_not_fail_the_conversion(tmp_path):
     (model / "README.md").write_bytes("---\nlicense: mit\n---\nMod\xe8le de base\n".encode("latin-1"))
     card = (quantkit.quantize(str(model), "w8a16").save(tmp_path / "out") / "README.md").read_text()
     assert _front(card)["license"] == "mit" and card.endswith("Mod\ufffdle de base\n")
+
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def _headings(card: str) -> list[str]:
+    """The Markdown headings of the card's body, code blocks left out."""
+    body = re.sub(r"^```.*?^```", "", split_card(card)[1], flags=re.S | re.M)
+    return [line for line in body.splitlines() if line.startswith("#")]
+
+
+def test_the_chinese_card_has_the_same_front_matter_and_chinese_headings(tmp_path):
+    model = make_llama_dir(tmp_path / "base", num_layers=1, hidden=64, intermediate=128, seed=3)
+    save_byte_tokenizer(model)
+    (model / "README.md").write_text(BASE_CARD)
+    texts = [f"{MARKER} the quick brown fox number {i} jumps over the lazy dog" for i in range(8)]
+    q = quantkit.quantize(str(model), "w4a16-g64-gptq", calibration=texts, options=quantkit.ConvertOptions(lang="zh"))
+    out = q.save(tmp_path / "out")
+    card = (out / "README.md").read_text(encoding="utf-8")
+    front = _front(card)
+    assert front["base_model"] == "base" and front["library_name"] == "transformers"
+    assert {"compressed-tensors", "quantkit", "w4a16", "pack-quantized"} <= set(front["tags"])
+    assert front["license"] == "mit" and front["language"] == ["en", "zh"]
+    assert _headings(card) == ["# base：quantkit 量化版（w4a16-g64-gptq）", "## 使用方法", "## 评估结果",
+                               "## 基础模型的模型卡"]
+    assert all(CJK.search(h) for h in _headings(card))
+    assert "| 配方 | `w4a16-g64-gptq` |" in card and "组大小 64" in card and "| 校准数据 | 8 条样本" in card
+    assert MARKER not in card and "尚未评估" in card
+    assert "vllm serve ./this-folder" in card and "AutoModelForCausalLM.from_pretrained" in card
+    assert card.endswith("## 基础模型的模型卡\n\nThe base model's own words.\n")
+    write_card(out, lang="en")                              # the same checkpoint's English card
+    english = (out / "README.md").read_text(encoding="utf-8")
+    assert _front(english) == front and "## Use it" in english and not CJK.search(split_card(english)[1])
+
+
+def test_the_verdict_keeps_the_card_in_the_language_it_was_written_in(tmp_path):
+    model = make_llama_dir(tmp_path / "base", num_layers=1, hidden=64, intermediate=128, seed=3)
+    (model / "README.md").write_text(BASE_CARD)
+    out = quantkit.quantize(str(model), "w8a16", options=quantkit.ConvertOptions(lang="zh")).save(tmp_path / "out")
+    before = (out / "README.md").read_text(encoding="utf-8")
+    (out / "eval").mkdir()
+    verdict = {"decision": "NO-GO", "slices": {"numbers-en": "NO-GO"},
+               "reasons": [{"slice": "numbers-en", "text": "numbers-en: kl_mean 0.2 > 0.1"}]}
+    (out / "eval" / "report.json").write_text(json.dumps({"verdict": verdict}))
+    write_card(out)                                         # no language given: the card's own
+    card = (out / "README.md").read_text(encoding="utf-8")
+    assert "结论为 **NO-GO**" in card and "| 切片 | 级别 | 首要原因 |" in card
+    assert "| numbers-en | NO-GO | numbers-en: kl_mean 0.2 > 0.1 |" in card and "尚未评估" not in card
+    assert _front(card) == _front(before) and card.count("The base model's own words.") == 1
+    write_card(out)
+    assert (out / "README.md").read_text(encoding="utf-8") == card
+
+
+def test_a_base_card_with_the_other_languages_headings_is_read_back_as_it_was():
+    chinese_base = "## 使用方法\n\n## 基础模型的模型卡\n\n中文原文。\n"
+    english = f"# m\n\n## Use it\n\n...\n\n{BASE_CARD_HEADING}\n\n{chinese_base}"
+    assert own_card_parts(english) == ("en", chinese_base)
+    english_base = f"## Use it\n\n{BASE_CARD_HEADING}\n\nWords.\n"
+    chinese = f"# m\n\n## 使用方法\n\n...\n\n## 基础模型的模型卡\n\n{english_base}"
+    assert own_card_parts(chinese) == ("zh", english_base)
+
+
+def test_an_unknown_card_language_is_refused_when_the_options_are_built():
+    with pytest.raises(quantkit.QuantkitError, match="lang: no model card in 'fr'; one of en, zh"):
+        quantkit.ConvertOptions(lang="fr")
+
+
+def test_convert_lang_zh_writes_the_card_in_chinese(tiny_llama, tmp_path):
+    from quantkit.cli import app
+
+    run = CliRunner().invoke(app, ["convert", str(tiny_llama), "--recipe", "w8a16", "--lang", "zh", "--no-eval",
+                                   "--out", str(tmp_path / "out")])
+    assert run.exit_code == 0, run.output
+    card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
+    assert "## 使用方法" in card and "## Use it" not in card and _front(card)["library_name"] == "transformers"

@@ -36,7 +36,7 @@ from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.pipeline import PipelineResult, RunOptions, run_pipeline
 from quantkit.pipeline.layout import check_checkpoint
 from quantkit.pipeline.resume import RunBook, open_run, run_keys
-from quantkit.workflows.model_card import write_card
+from quantkit.workflows.model_card import check_lang, write_card
 from quantkit.recipe import CalibrationSettings, Recipe, load_recipe
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
@@ -234,7 +234,8 @@ class ConvertOptions:
     (``save()``'s default); with it each finished layer is recorded, and ``resume=True`` continues
     a killed run of ``out``. ``device``: where the per-layer work runs (``cpu``, ``cuda``,
     ``cuda:N``). ``progress(iterable, total)`` wraps the layer loop; ``log`` receives progress and
-    ``warning: ...`` lines (without it, warnings go to the ``quantkit`` logger).
+    ``warning: ...`` lines (without it, warnings go to the ``quantkit`` logger). ``lang``: the
+    language of the model card's words, ``en`` or ``zh`` (as ``--lang``).
 
     >>> ConvertOptions(ignore=["lm_head"], device="cpu").ignore
     ('lm_head',)
@@ -251,6 +252,7 @@ class ConvertOptions:
     progress: Callable | None = None
     log: Callable[[str], None] | None = None
     trust_remote_code: bool = False
+    lang: str = "en"
 
     def __post_init__(self) -> None:
         if isinstance(self.ignore, str):
@@ -260,6 +262,7 @@ class ConvertOptions:
             if not isinstance(getattr(self, key), bool):
                 raise QuantkitError(f"{key}: must be true or false, got {getattr(self, key)!r}")
         check_device(self.device)
+        check_lang(self.lang, "lang")
 
 
 def quantize(model: "str | Path | nn.Module | None", recipe: "str | Path | Recipe | dict | None" = None,
@@ -413,7 +416,7 @@ def _write_checkpoint(job: _Conversion) -> PipelineResult:
         if job.planned:
             _write_plan(writer, *job.planned)
         _record_log(writer, job.warnings, job.drawn)
-        write_card(writer.tmp, base_model_name(job.model, job.folder))
+        write_card(writer.tmp, base_model_name(job.model, job.folder), options.lang)
         shutil.rmtree(writer.tmp / staging.RUN_DIR)   # the bookkeeping never reaches the checkpoint
     except KeyboardInterrupt:
         # several ranks are never resumed (check_data_parallel): nothing worth keeping

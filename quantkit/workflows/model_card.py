@@ -6,7 +6,11 @@ reads), then the recipe, how to load the checkpoint in vLLM and transformers, th
 (its size and content hash, never its text), the footprint, the verdict once the evaluation has
 run, and the base model's own card below. Everything is read from the checkpoint's own files, so
 the card is the same bytes for the same checkpoint (a resumed run included) and is rendered again,
-with the verdict, after the evaluation.
+with the verdict, after the evaluation, in the language it was written in.
+
+The words are English or Chinese (``quantkit convert --lang zh``), one ``README.md`` either way:
+the hub shows only that file. The front matter is the same keys and values in both, as the hub
+and the evaluation's language gate read it; the base card below is kept in its own language.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import yaml
 
 from quantkit.config.safe_yaml import load_yaml_text
+from quantkit.errors import QuantkitError
 
 CARD = "README.md"
 BASE_CARD_HEADING = "## The base model's card"
@@ -43,6 +48,7 @@ class CardFacts:
     base_front: dict = field(default_factory=dict)   # the base card's front matter
     base_body: str = ""
     verdict: dict | None = None
+    lang: str = "en"                                  # the language of the card's words (TEXTS)
 
 
 def split_card(text: str) -> tuple[dict, str]:
@@ -91,73 +97,194 @@ def front_matter(f: CardFacts) -> dict:
     return front
 
 
-def _weights_line(group: dict) -> str:
+@dataclass(frozen=True)
+class CardText:
+    """The card's words in one language: headings, table labels and sentences, with ``str.format``
+    fields. Only the words change with the language; the front matter, the commands and the
+    figures are the same in every card."""
+
+    title: str                 # base, recipe
+    intro: str                 # base, recipe
+    labels: dict[str, str]     # the table's first column, by row
+    nothing: str
+    weights: str               # targets, bits, type, sym, per, size, acts
+    group_size: str            # n
+    symmetric: tuple[str, str]  # symmetric, asymmetric
+    acts16: str
+    acts: str                  # bits, type, mode, per
+    modes: tuple[str, str]     # dynamic, static
+    per: str                   # {} the strategy, where ``strategies`` has no phrase for it
+    kv: str                    # bits, type, per
+    size: str                  # mib, shards, plural
+    calibration: str           # n, tokens, what
+    calibration_file: str      # name, format, sha
+    calibration_passed: str
+    calibration_none: str
+    use: str
+    needs_ct: str
+    evaluation: str
+    verdict: str               # decision
+    verdict_head: str
+    not_evaluated: str
+    base_card: str
+    strategies: dict[str, str] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    sep: str = ", "
+
+
+TEXTS: dict[str, CardText] = {
+    "en": CardText(
+        title="# {base}, quantized by quantkit ({recipe})",
+        intro="A [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) checkpoint of `{base}`, "
+              "written by `quantkit convert --recipe {recipe}`.",
+        labels={"recipe": "Recipe", "quantized": "Quantized", "kept": "Kept in high precision", "kv": "KV cache",
+                "size": "Size on disk", "calibration": "Calibration"},
+        nothing="nothing", weights="{targets}: {bits}-bit {type} weights, {sym}, {per}{size}; {acts}",
+        group_size=", group size {n}", symmetric=("symmetric", "asymmetric"), acts16="16-bit activations",
+        acts="{bits}-bit {type} activations, {mode} {per}", modes=("dynamic", "static"), per="per {}",
+        kv="{bits}-bit {type}, {per}", size="{mib:.1f} MiB in {shards} shard{plural}",
+        calibration="{n} samples, {tokens} tokens {what}; its text is not in this card",
+        calibration_file="from `{name}` ({format}, sha256 `{sha}`)", calibration_passed="from samples passed in",
+        calibration_none="none: the recipe needs no calibration data", use="## Use it",
+        needs_ct="needs compressed-tensors", evaluation="## Evaluation",
+        verdict="Verdict of `quantkit eval` on this checkpoint against its base model: **{decision}** "
+                "(`eval/report.html`).",
+        verdict_head="| slice | level | first reason |",
+        not_evaluated="Not evaluated yet: `quantkit eval --candidate ./this-folder --baseline BASE_MODEL_FOLDER`.",
+        base_card=BASE_CARD_HEADING),
+    "zh": CardText(
+        title="# {base}：quantkit 量化版（{recipe}）",
+        intro="`{base}` 的 [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) 格式 "
+              "checkpoint，由 `quantkit convert --recipe {recipe}` 生成。",
+        labels={"recipe": "配方", "quantized": "已量化", "kept": "保持原精度", "kv": "KV cache",
+                "size": "磁盘占用", "calibration": "校准数据"},
+        nothing="无", weights="{targets}：{bits} bit {type}权重，{sym}，{per}{size}；{acts}",
+        group_size="，组大小 {n}", symmetric=("对称", "非对称"), acts16="激活保持 16 bit",
+        acts="激活为 {bits} bit {type}（{mode}，{per}）", modes=("动态", "静态"), per="按 {}",
+        kv="{bits} bit {type}，{per}", size="{mib:.1f} MiB，共 {shards} 个分片",
+        calibration="{n} 条样本，共 {tokens} 个 token，{what}；本模型卡不含校准文本",
+        calibration_file="来自 `{name}`（{format}，sha256 `{sha}`）", calibration_passed="由调用方直接传入",
+        calibration_none="无：该配方不需要校准数据", use="## 使用方法",
+        needs_ct="需要安装 compressed-tensors", evaluation="## 评估结果",
+        verdict="`quantkit eval` 将本 checkpoint 与其基础模型对比，结论为 **{decision}**（详见 `eval/report.html`）。",
+        verdict_head="| 切片 | 级别 | 首要原因 |",
+        not_evaluated="尚未评估。评估命令：`quantkit eval --candidate ./this-folder --baseline BASE_MODEL_FOLDER`。",
+        base_card="## 基础模型的模型卡",
+        strategies={"tensor": "按张量", "channel": "按通道", "group": "按组", "token": "按 token",
+                    "attn_head": "按注意力头", "block": "按块", "tensor_group": "按张量组"},
+        types={"int": "整数", "float": "浮点"}, sep="、"),
+}
+LANGUAGES = tuple(TEXTS)
+
+
+def check_lang(lang: object, name: str = "--lang") -> str:
+    """``lang`` when the card can be written in it, else a one-line error naming ``name``.
+
+    >>> check_lang("zh")
+    'zh'
+    >>> check_lang("fr")
+    Traceback (most recent call last):
+    quantkit.errors.QuantkitError: --lang: no model card in 'fr'; one of en, zh
+    """
+    if lang not in TEXTS:
+        raise QuantkitError(f"{name}: no model card in {lang!r}; one of {', '.join(LANGUAGES)}")
+    return str(lang)
+
+
+def _per(t: CardText, strategy: object) -> str:
+    return t.strategies.get(str(strategy)) or t.per.format(strategy)
+
+
+def _weights_line(t: CardText, group: dict) -> str:
     w, a = group.get("weights") or {}, group.get("input_activations")
-    size = f", group size {w['group_size']}" if w.get("group_size") else ""
-    sym = "symmetric" if w.get("symmetric", True) else "asymmetric"
-    acts = "16-bit activations" if not a else (
-        f"{a.get('num_bits')}-bit {a.get('type')} activations, {'dynamic' if a.get('dynamic') else 'static'} "
-        f"per {a.get('strategy')}")
-    return (f"{', '.join(group.get('targets', []))}: {w.get('num_bits')}-bit {w.get('type')} weights, {sym}, "
-            f"per {w.get('strategy')}{size}; {acts}")
+    size = t.group_size.format(n=w["group_size"]) if w.get("group_size") else ""
+    sym = t.symmetric[0 if w.get("symmetric", True) else 1]
+    acts = t.acts16 if not a else t.acts.format(
+        bits=a.get("num_bits"), type=t.types.get(a.get("type"), a.get("type")),
+        mode=t.modes[0 if a.get("dynamic") else 1], per=_per(t, a.get("strategy")))
+    return t.weights.format(targets=t.sep.join(group.get("targets", [])), bits=w.get("num_bits"),
+                            type=t.types.get(w.get("type"), w.get("type")), sym=sym,
+                            per=_per(t, w.get("strategy")), size=size, acts=acts)
 
 
-def _verdict_lines(verdict: dict) -> list[str]:
+def _verdict_lines(t: CardText, verdict: dict) -> list[str]:
     reasons: dict[str, str] = {}
     for r in verdict.get("reasons", []):
         reasons.setdefault(r["slice"], r["text"])
-    lines = [f"Verdict of `quantkit eval` on this checkpoint against its base model: **{verdict['decision']}** "
-             "(`eval/report.html`).", "", "| slice | level | first reason |", "|---|---|---|"]
+    lines = [t.verdict.format(decision=verdict["decision"]), "", t.verdict_head, "|---|---|---|"]
     for name, level in verdict.get("slices", {}).items():
         lines.append(f"| {name} | {level} | {reasons.get(name, '').replace('|', '/')} |")
     return lines
 
 
-def render(f: CardFacts) -> str:
-    """The card's text: deterministic for the same facts."""
-    mib = f.shard_bytes / 2**20
-    cal = f.calibration
+def _calibration_value(t: CardText, cal: dict) -> str:
+    if not cal.get("num_samples"):
+        return t.calibration_none
     source = cal.get("source") or {}
-    lines = [f"# {f.base_model}, quantized by quantkit ({f.recipe})", "",
-             f"A [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) checkpoint of "
-             f"`{f.base_model}`, written by `quantkit convert --recipe {f.recipe}`.", "",
-             "| | |", "|---|---|", f"| Recipe | `{f.recipe}` |"]
-    lines += [f"| Quantized | {_weights_line(g)} |" for g in f.groups]
-    lines.append(f"| Kept in high precision | {', '.join(f'`{i}`' for i in f.ignore) or 'nothing'} |")
+    what = t.calibration_file.format(name=source.get("name"), format=source.get("format"),
+                                     sha=str(source.get("sha256"))[:16]) if source else t.calibration_passed
+    return t.calibration.format(n=cal.get("num_samples"), tokens=cal.get("num_tokens"), what=what)
+
+
+def _facts_table(t: CardText, f: CardFacts) -> list[str]:
+    label = t.labels
+    lines = ["| | |", "|---|---|", f"| {label['recipe']} | `{f.recipe}` |"]
+    lines += [f"| {label['quantized']} | {_weights_line(t, g)} |" for g in f.groups]
+    lines.append(f"| {label['kept']} | {', '.join(f'`{i}`' for i in f.ignore) or t.nothing} |")
     if f.kv_cache:
-        lines.append(f"| KV cache | {f.kv_cache.get('num_bits')}-bit {f.kv_cache.get('type')}, "
-                     f"per {f.kv_cache.get('strategy')} |")
-    lines.append(f"| Size on disk | {mib:.1f} MiB in {f.shards} shard{'s' if f.shards != 1 else ''} |")
-    if cal.get("num_samples"):
-        what = f"`{source.get('name')}` ({source.get('format')}, sha256 `{str(source.get('sha256'))[:16]}`)" \
-            if source else "samples passed in"
-        lines.append(f"| Calibration | {cal.get('num_samples')} samples, {cal.get('num_tokens')} tokens from "
-                     f"{what}; its text is not in this card |")
-    else:
-        lines.append("| Calibration | none: the recipe needs no calibration data |")
-    lines += ["", "## Use it", "", "```bash", "vllm serve ./this-folder", "```", "",
+        kv = f.kv_cache
+        lines.append(f"| {label['kv']} | " + t.kv.format(bits=kv.get("num_bits"), type=t.types.get(kv.get("type"), kv.get("type")),
+                                                        per=_per(t, kv.get("strategy"))) + " |")
+    size = t.size.format(mib=f.shard_bytes / 2**20, shards=f.shards, plural="s" if f.shards != 1 else "")
+    lines.append(f"| {label['size']} | {size} |")
+    lines.append(f"| {label['calibration']} | {_calibration_value(t, f.calibration)} |")
+    return lines
+
+
+def render(f: CardFacts) -> str:
+    """The card's text, in ``f.lang``: deterministic for the same facts."""
+    t = TEXTS[f.lang]
+    lines = [t.title.format(base=f.base_model, recipe=f.recipe), "", t.intro.format(base=f.base_model, recipe=f.recipe),
+             ""]
+    lines += _facts_table(t, f)
+    lines += ["", t.use, "", "```bash", "vllm serve ./this-folder", "```", "",
               "```python", "from transformers import AutoModelForCausalLM",
-              'model = AutoModelForCausalLM.from_pretrained("./this-folder")  # needs compressed-tensors',
-              "```", "", "## Evaluation", ""]
-    lines += _verdict_lines(f.verdict) if f.verdict else [
-        "Not evaluated yet: `quantkit eval --candidate ./this-folder --baseline BASE_MODEL_FOLDER`."]
+              f'model = AutoModelForCausalLM.from_pretrained("./this-folder")  # {t.needs_ct}',
+              "```", "", t.evaluation, ""]
+    lines += _verdict_lines(t, f.verdict) if f.verdict else [t.not_evaluated]
     if f.base_body.strip():
-        lines += ["", BASE_CARD_HEADING, "", f.base_body.rstrip()]
+        lines += ["", t.base_card, "", f.base_body.rstrip()]
     head = yaml.safe_dump(front_matter(f), sort_keys=False, allow_unicode=True)
     return f"---\n{head}---\n" + "\n".join(lines) + "\n"
 
 
-def card_facts(folder: Path, base_model: str | None = None) -> CardFacts:
+def own_card_parts(body: str) -> tuple[str, str]:
+    """``(language, base card body)`` of a card quantkit rendered: the language whose "use it"
+    heading comes first (the base card below may hold any heading), and what follows that
+    language's base-card heading.
+
+    >>> own_card_parts("# m\\n\\n## 使用方法\\n\\n...\\n## 基础模型的模型卡\\n\\nBase.\\n")
+    ('zh', 'Base.\\n')
+    """
+    found = sorted((body.find(f"\n{t.use}\n"), lang) for lang, t in TEXTS.items() if f"\n{t.use}\n" in body)
+    lang = found[0][1] if found else "en"
+    heading = TEXTS[lang].base_card
+    return lang, (body.split(heading, 1)[1].lstrip("\n") if heading in body else "")
+
+
+def card_facts(folder: Path, base_model: str | None = None, lang: str | None = None) -> CardFacts:
     """The facts of the checkpoint in ``folder``; its ``README.md`` is the base model's card (just
-    copied) or a card rendered before, whose base card part and ``base_model`` are kept."""
+    copied) or a card rendered before, whose base card part, ``base_model`` and language are kept
+    (``lang`` None)."""
     qc = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("quantization_config") or {}
     log = json.loads((folder / "quantization_log.json").read_text(encoding="utf-8"))
     # the base card is the user's text: undecodable bytes become U+FFFD rather than failing the run
     text = (folder / CARD).read_text(encoding="utf-8", errors="replace") if (folder / CARD).is_file() else ""
     front, body = split_card(text)
+    earlier = "en"
     if front.get("library_name") == "transformers" and "quantkit" in (front.get("tags") or []):   # ours
         base_model = base_model or str(front.get("base_model"))
-        body = body.split(BASE_CARD_HEADING, 1)[1].lstrip("\n") if BASE_CARD_HEADING in body else ""
+        earlier, body = own_card_parts(body)
     report = folder / "eval" / "report.json"
     data = json.loads(report.read_text(encoding="utf-8")) if report.is_file() else {}
     verdict = data.get("verdict") or ({"decision": data["decision"]} if "decision" in data else None)
@@ -166,14 +293,15 @@ def card_facts(folder: Path, base_model: str | None = None) -> CardFacts:
                      groups=list((qc.get("config_groups") or {}).values()), ignore=list(qc.get("ignore") or []),
                      kv_cache=qc.get("kv_cache_scheme"), shard_bytes=sum(p.stat().st_size for p in shards),
                      shards=len(shards), calibration=log.get("calibration") or {}, base_front=front,
-                     base_body=body, verdict=verdict)
+                     base_body=body, verdict=verdict, lang=check_lang(lang or earlier, "lang"))
 
 
-def write_card(folder: Path, base_model: str | None = None) -> Path:
+def write_card(folder: Path, base_model: str | None = None, lang: str | None = None) -> Path:
     """Render ``folder``'s card and put it in place in one rename: a reader never sees half of it.
-    ``base_model`` None: the one an earlier card of this checkpoint names."""
+    ``base_model`` None: the one an earlier card of this checkpoint names; ``lang`` (``en``,
+    ``zh``) None: the language of an earlier card of this checkpoint, else English."""
     path = Path(folder) / CARD
-    text = render(card_facts(Path(folder), base_model))
+    text = render(card_facts(Path(folder), base_model, lang))
     tmp = path.with_name(f".{CARD}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
