@@ -75,12 +75,13 @@ class Ramp:
 
 def measured_timings(timings: list[dict], warmup: int) -> tuple[list[dict], float | None]:
     """The requests a step's figures come from (after the warm-up wave) and the seconds they span
-    (first start to last end), when the timings carry ``start`` and ``end``; else None."""
+    (first start to last end: ``end``, else ``start`` + ``e2e``), when every one carries them;
+    else None."""
     kept = timings[warmup:]
-    starts = [t["start"] for t in kept if t.get("start") is not None]
-    ends = [t["end"] for t in kept if t.get("end") is not None]
-    span = max(ends) - min(starts) if starts and ends and len(ends) == len(kept) else None
-    return kept, span
+    spans = [(t["start"], t.get("end", t["start"] + (t.get("e2e") or 0.0))) for t in kept if t.get("start") is not None]
+    if not kept or len(spans) < len(kept):
+        return kept, None
+    return kept, max(e for _, e in spans) - min(s for s, _ in spans)
 
 
 def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: RampPolicy, slo: SLO,
