@@ -44,13 +44,18 @@ def step_rows(ramp: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def length_rows(lengths: dict) -> tuple[list[str], list[list[str]]]:
-    head = ["direction", "rows", "mu", "sigma", *(f"{q} log / fit (error)" for q in ("P50", "P90", "P99"))]
+def length_rows(data: dict) -> tuple[list[str], list[list[str]]]:
+    """Per direction: the log's quantiles, the fit's (and its error), and the tokens the server
+    counted for the requests sent (per ramp; without those too long for the served context)."""
+    ramps = [r for r in data["ramps"] if any((r.get("sent") or {}).values())]
+    head = ["direction", "rows", "mu", "sigma", *(f"{q} log / fit (error)" for q in ("P50", "P90", "P99")),
+            *(f"{r['role']} sent P50 / P90 / P99" for r in ramps)]
     rows = []
-    for name, s in lengths.items():
+    for name, s in data["lengths"].items():
         cells = [f"{sig(s[q]['empirical'])} / {sig(s[q]['fitted'])} ({s[q]['error'] * 100:+.1f}%)"
                  if s[q]["error"] is not None else "-" for q in ("p50", "p90", "p99")]
-        rows.append([name, str(s["n"]), sig(s["mu"]), sig(s["sigma"]), *cells])
+        rows.append([name, str(s["n"]), sig(s["mu"]), sig(s["sigma"]), *cells,
+                     *(_pcts(r["sent"].get(name)) for r in ramps)])
     return head, rows
 
 
@@ -88,7 +93,7 @@ def markdown(data: dict) -> str:
         head, rows = step_rows(r)
         lines += [f"## Steps: {r['role']}", "", f"Load generator: {r.get('tool') or '-'}.", "",
                   md_row(head), md_row(["---"] * len(head)), *(md_row(x) for x in rows), ""]
-    head, rows = length_rows(data["lengths"])
+    head, rows = length_rows(data)
     lines += ["## Lengths: the log and the fit", "", md_row(head), md_row(["---"] * len(head)),
               *(md_row(x) for x in rows), ""]
     return "\n".join(lines)
@@ -171,7 +176,7 @@ def render_html(data: dict, images: dict[str, str]) -> str:
     parts += ["<h2>Throughput, goodput and latency against concurrency</h2>",
               f"<img alt='throughput' src='data:image/png;base64,{images['throughput']}'>",
               f"<img alt='latency' src='data:image/png;base64,{images['latency']}'>",
-              "<h2>Lengths: the log and the fit</h2>", _table(*length_rows(data["lengths"])),
+              "<h2>Lengths: the log and the fit</h2>", _table(*length_rows(data)),
               f"<img alt='lengths' src='data:image/png;base64,{images['lengths']}'>", "</body></html>"]
     return "".join(parts)
 

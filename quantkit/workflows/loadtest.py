@@ -64,13 +64,22 @@ class Ramp:
     complete: bool = False
     engine: dict = field(default_factory=dict)
     tool: str | None = None
+    sent: dict = field(default_factory=lambda: {"prompt": [], "output": []})   # tokens, as the server counted
 
     def to_dict(self) -> dict:
         knee = find_knee(self.steps)
         return {"role": self.role, "complete": self.complete, "stopped": self.stopped, "steps": self.steps,
                 "knee": knee, "recommended_concurrency": recommended(knee) if knee else None,
                 "best_goodput_rps": max((s["goodput_rps"] for s in self.steps), default=None),
-                "engine": self.engine, "tool": self.tool}
+                "engine": self.engine, "tool": self.tool,
+                "sent": {k: sent_quantiles(v) for k, v in self.sent.items()}}
+
+
+def sent_quantiles(lengths: list[int]) -> dict | None:
+    """P50 / P90 / P99 of the lengths the server counted for the requests it completed."""
+    if not lengths:
+        return None
+    return {"n": len(lengths), **{f"p{round(q * 100)}": percentile(lengths, q) for q in (0.5, 0.9, 0.99)}}
 
 
 def measured_timings(timings: list[dict], warmup: int) -> tuple[list[dict], float | None]:
@@ -102,6 +111,10 @@ def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: Ramp
             ramp.stopped = f"--max-minutes spent during concurrency {c} (that step is not counted)"
             break
         kept, span = measured_timings(timings, c)
+        for t in timings:
+            if t.get("ok"):
+                ramp.sent["prompt"].append(t.get("prompt_tokens") or 0)
+                ramp.sent["output"].append(t.get("output_tokens") or 0)
         ramp.steps.append(step_summary(c, kept, span if span else seconds, slo))
         ramp.stopped = stop_reason(ramp.steps, policy, slo)
         if ramp.stopped:
@@ -228,12 +241,12 @@ def loadtest(opts: LoadtestOptions, runner_for: Callable[[Endpoint, Path], StepR
     except BaseException as e:
         if data["ramps"] and not data["ramps"][-1].complete:
             data["ramps"][-1].stopped = ramp_error(e)
-        raise LoadtestInterrupted(_finish(data), e) from e
+        raise LoadtestInterrupted(report_data(data), e) from e
     data["complete"] = True
-    return _finish(data)
+    return report_data(data)
 
 
-def _finish(data: dict) -> dict:
+def report_data(data: dict) -> dict:
     data = {**data, "ramps": [r.to_dict() if isinstance(r, Ramp) else r for r in data["ramps"]]}
     by_role = {r["role"]: r for r in data["ramps"]}
     data["speedup"] = (speedup(by_role["baseline"], by_role["candidate"])

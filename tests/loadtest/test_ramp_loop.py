@@ -93,3 +93,33 @@ def test_a_baseline_and_a_candidate_get_the_same_requests():
     assert first == second and a.too_long == b.too_long
     assert first != _stream(seed=4).take(40)
     assert all(len(r.prompt) == r.prompt_tokens and r.prompt_tokens + r.output_tokens <= 512 for r in first)
+
+
+def test_the_report_of_a_ramp_cut_short_says_incomplete_and_keeps_its_steps(tmp_path):
+    from types import SimpleNamespace
+
+    from quantkit.common.outputs import OutputPolicy
+    from quantkit.loadtest import report
+    from quantkit.workflows.loadtest import length_model, report_data
+
+    run, _ = modelled_server(slots=4)
+    ramps = [run_ramp(Ramp("baseline"), run, _stream(), RampPolicy(), parse_slo("ttft=10s")), Ramp("candidate")]
+    fast, _ = modelled_server(slots=8, tpot=0.01, fail_at=4)
+    with pytest.raises(EngineError):
+        run_ramp(ramps[1], fast, _stream(), RampPolicy(), parse_slo("ttft=10s"))
+    ramps[1].stopped = "the server failed: connection refused"
+    traffic = SimpleNamespace(prompt_tokens=[50, 60, 80, 200, 900], output_tokens=[5, 9, 20, 40, 300])
+    _, lengths = length_model(traffic, 512)
+    data = report_data({"complete": False, "slo": parse_slo("ttft=10s").to_dict(), "lengths": lengths,
+                        "max_model_len": 512, "ramps": ramps})
+    assert data["knee"] is None and [s["concurrency"] for s in data["steps"]] == [1, 2]
+    assert data["ramps"][0]["knee"] == 4 and data["ramps"][0]["recommended_concurrency"] == 2
+    # a ramp without a knee is compared at its last step
+    base_knee = next(s for s in data["ramps"][0]["steps"] if s["concurrency"] == 4)
+    assert data["speedup"]["output_tokens_per_s_at_knee"] == pytest.approx(
+        data["steps"][-1]["output_tokens_per_s"] / base_knee["output_tokens_per_s"])
+    out = report.save(data, tmp_path / "lt", OutputPolicy("loadtest"))
+    md = (out / "report.md").read_text()
+    assert md.splitlines()[2].startswith("- INCOMPLETE") and "candidate: no knee found" in md
+    assert "stopped: the server failed: connection refused (incomplete)" in md
+    assert "<li class='bad'>INCOMPLETE" in (out / "report.html").read_text()
