@@ -15,6 +15,7 @@ from quantkit.evaluation.api import HIDDEN
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
 from quantkit.common.markdown import md_text
+from quantkit.evaluation.report import short
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +53,30 @@ def test_html_numbers_equal_the_json(saved):
                 assert f"slices.{name}.{m}" in p.cells
 
 
-def test_every_number_of_the_html_slice_table_is_the_jsons(saved):
+def test_every_number_of_the_html_slice_tables_is_the_jsons(saved):
+    """The gated measures in the slice table, the figures they come from in the folded tables
+    beside it: together every slice figure of the JSON, each shown at three significant digits."""
     _, out = saved
     data = json.loads((out / "report.json").read_text())
-    rows = parse((out / "report.html").read_text()).tables["slices"]
+    page = parse((out / "report.html").read_text())
+    rows = page.tables["slices"]
     assert [text for text, _ in rows[0]][:4] == ["slice", "language", "verdict", "gates"]
     assert [r[0][0] for r in rows[1:]] == list(data["slices"])
     for row in rows[1:]:
         assert row[2][0] == data["verdict"]["slices"][row[0][0]]
+    assert {c for c, _ in rows[0][4:]} <= set(data["thresholds"])   # the main table: gated measures only
     checked = check_table(rows, data, lambda row, col: f"slices.{row[0][0]}.{col}", 4)
     shown = [c for c, _ in rows[0][4:]]
+    groups = [t for t in page.tables if t.startswith("slices-")]
+    assert "slices-perplexity" in groups
+    for table in groups:
+        group = page.tables[table]
+        checked += check_table(group, data, lambda row, col: f"slices.{row[0][0]}.{col}", 1)
+        shown += [c for c, _ in group[0][1:]]
     assert checked == sum(v.get(c) is not None for v in data["slices"].values() for c in shown) > 30
+    for path, text in page.shown.items():
+        value = lookup(data, path)
+        assert text == short(value), (path, text)
 
 
 def test_html_is_self_contained_with_its_plots(saved):
