@@ -14,6 +14,7 @@ what a reader sees, and skipping them would pass a report no one has looked at.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,3 +84,16 @@ def open_page(path: Path, width: int = 1280, height: int = 900, screenshot: Path
     finally:
         driver.quit()
     return Page(read["scroll"], read["inner"], read["headings"], read["text"], shot, read["overflowing"])
+
+
+# a word of ASCII letters, with the characters names and symbols carry (kl_mean, numbers-en,
+# NO-GO, business:support, 4-bit)
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+\-]*[A-Za-z0-9]|[A-Za-z]")
+
+
+def untranslated(texts, allowed) -> list[str]:
+    """The words of ``texts`` written in ASCII letters that are not in ``allowed`` (measure
+    names, slice names, levels: symbols that stay as they are in every language). Numbers and
+    words without a letter are not words here."""
+    return [w for text in texts for w in _WORD.findall(text)
+            if re.search(r"[A-Za-z]", w) and w not in allowed]

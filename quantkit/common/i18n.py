@@ -14,7 +14,7 @@ quantkit.errors.QuantkitError: --lang: expected one of en, zh, got 'fr'
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from quantkit.errors import QuantkitError
 
@@ -44,6 +44,9 @@ class Catalog:
 
     def __contains__(self, key: str) -> bool:
         return key in self._messages
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._messages)
 
     def text(self, lang: str, key: str, **fields: object) -> str:
         template = self._messages[key][check_lang(lang, "lang")]

@@ -232,7 +232,7 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
         parts.append(f"<h2>{e(w('worst'))}</h2>")
         for name, exs in data["worst_examples"].items():
             parts.append(f"<details><summary>{e(_named(data, name, w))}</summary>"
-                         + "".join("<pre>" + e("\n".join(f"{k}: {fmt(val)}" for k, val in ex.items())) + "</pre>"
+                         + "".join("<pre>" + e("\n".join(f"{k}: {short(val)}" for k, val in ex.items())) + "</pre>"
                                    for ex in exs) + "</details>")
     rows = [f"<tr><td>{e(k)}</td>{_cell(t['review'], f'thresholds.{k}.review')}{_cell(t['nogo'], f'thresholds.{k}.nogo')}"
             f"<td>{e(w('higher') if t['higher_is_better'] else w('lower'))}</td></tr>"

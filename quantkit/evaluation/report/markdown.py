@@ -91,7 +91,7 @@ def _slices_markdown(data: dict, w) -> list[str]:
     lines.append("")
     head, rows = business_lines(data)
     if rows:
-        lines += [f"## {w('business')}", "", md_text(head), "", md_row([w("th_task"), *BUSINESS_COLUMNS, w("business_kl")]),
+        lines += [f"## {w('business')}", "", md_text(head), "", md_row([w("th_task"), *(w(c) for c in BUSINESS_COLUMNS), w("business_kl")]),
                   "|---|" + "---|" * (len(BUSINESS_COLUMNS) + 1)]
         lines += [md_row(r) for r in rows] + [""]
     if data.get("lm_eval"):

@@ -100,6 +100,8 @@ def _modules_png(errors: dict[str, float], plt, words) -> str:
     """Per decoder layer, the spread of its modules' SQNR (worst, median, best), so a model of any
     depth reads as one line per statistic rather than one bar per module; a model whose module
     names carry no layer number gets one bar per module."""
+    from matplotlib.ticker import MaxNLocator
+
     layers = layer_summary(errors)
     fig, ax = plt.subplots(figsize=(11, 3.2))
     if len(layers) >= 2:
@@ -108,6 +110,7 @@ def _modules_png(errors: dict[str, float], plt, words) -> str:
         ax.plot(x, [r[3] for r in layers], marker="o", label=words("plot_median"))
         ax.plot(x, [r[2] for r in layers], marker="v", linestyle="none", color="#c62828", label=words("plot_worst"))
         ax.set_xlabel(words("th_layer"))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=8)
         ax.set_title(words("plot_layers"))
     else:
