@@ -165,13 +165,17 @@ def gating_text(data: dict, words) -> str:
 
 
 def gates(data: dict, name: str, words) -> str:
+    """Whether slice ``name`` gates the decision, and if not, why (languages.py's words)."""
     off = data["verdict"].get("not_gated", {})
-    if name not in off:
-        return words("yes")
+    return not_gated_note(off[name], words) if name in off else words("yes")
+
+
+def not_gated_note(note: str, words) -> str:
+    """languages.py's "not gated (source: languages)" in the report's language."""
     if words("yes") == "yes":
-        return off[name]
-    why = re.fullmatch(r"not gated \((.*)\)", off[name])   # languages.py's "not gated (source: languages)"
-    return f"{words('not_gated')}（{why.group(1) if why else off[name]}）"
+        return note
+    why = re.fullmatch(r"not gated \((.*)\)", note)
+    return f"{words('not_gated')}（{why.group(1) if why else note}）"
 
 
 def noise_line(n: dict, words, show=short) -> str:
@@ -215,18 +219,17 @@ def lm_rows(data: dict):
 BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens")
 
 
-def business_lines(data: dict) -> tuple[str, list[list]]:
+def business_lines(data: dict, words) -> tuple[str, list[list]]:
     """The business rows' sentence and table (task, BUSINESS_COLUMNS, then the slice's kl_mean with
     its bootstrap interval over rows) from ``meta.business``."""
     b = data["meta"].get("business")
     if not b:
         return "", []
     check = b.get("checked_against")
-    said = (f"rows whose content is in the calibration sample ({check['manifest']}"
-            f"{'' if check.get('same_source') else ', drawn from another log'}) are left out (in_calibration)"
-            if check else "not checked against a calibration sample (--calib-sample)")
-    head = (f"Business rows from {b['log']}: {said}; repeats of a row already taken are left out; "
-            f"chat rows score their assistant turns only (without_reply: rows with none, their turns scored).")
+    said = (words("business_checked", manifest=check["manifest"],
+                  other="" if check.get("same_source") else words("business_other_log"))
+            if check else words("business_unchecked"))
+    head = words("business_head", log=b["log"], said=said)
     return head, [[t, *(c.get(k) for k in BUSINESS_COLUMNS), _with_interval(data["slices"].get(f"business:{t}"))]
                   for t, c in b["tasks"].items()]
 
@@ -238,25 +241,21 @@ def _with_interval(vals: dict | None) -> str:
     return fmt(vals["kl_mean"]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
 
 
-def mixed_text(mixed: dict) -> str:
+def mixed_text(mixed: dict, words) -> str:
     """One sentence: the plan's size, its predicted and measured KL, the units per format."""
     p = mixed["plan"]
-    budget = ", ".join(f"{k} {fmt(v)}" for k, v in (p.get("budget") or {}).items()) or "none"
-    shares = ", ".join(f"{c} {r['units']} units" for c, r in mixed["by_candidate"].items())
-    measured = ("" if mixed.get("measured_kl") is None else
-                f"; measured mean KL over the gated slices {fmt(mixed['measured_kl'])}")
-    return (f"{fmt(p['bits_per_weight'])} bits per planned weight (budget: {budget}), predicted KL "
-            f"{fmt(p['predicted_kl'])} nats per token ({mixed['method']} score){measured}; {shares}.")
+    budget = ", ".join(f"{k} {fmt(v)}" for k, v in (p.get("budget") or {}).items()) or words("none")
+    shares = ", ".join(words("mixed_units", fmt=c, n=r["units"]) for c, r in mixed["by_candidate"].items())
+    measured = ("" if mixed.get("measured_kl") is None else words("mixed_measured", kl=fmt(mixed["measured_kl"])))
+    return words("mixed_text", bits=fmt(p["bits_per_weight"]), budget=budget, kl=fmt(p["predicted_kl"]),
+                 method=mixed["method"], measured=measured, shares=shares)
 
 
-def integrity_text(integrity: dict) -> str:
+def integrity_text(integrity: dict, words) -> str:
     """One sentence: what the integrity pass compared, in how long, and how much it flagged."""
-    n = len(integrity["modules"])
-    how = (f", the recorded transforms re-applied on {len(integrity['transformed'])} layers"
-           if integrity["transformed"] else "")
-    return (f"{n} quantized modules decoded from the candidate's files (the tensors that serve) and compared "
-            f"with the baseline's weights{how}; every other tensor compared with the baseline; "
-            f"{fmt(integrity['seconds'])} s. {len(integrity['flagged'])} flagged.")
+    how = words("integrity_how", k=len(integrity["transformed"])) if integrity["transformed"] else ""
+    return words("integrity_text", n=len(integrity["modules"]), how=how, s=fmt(integrity["seconds"]),
+                 flagged=len(integrity["flagged"]))
 
 
 def integrity_grid(data: dict) -> tuple[list[str], list[str], list[list[float | None]], list[list[float | None]]]:
@@ -317,9 +316,8 @@ def engine_section(meta: dict, words) -> tuple[str, list[str], list[list[str]]] 
     if not eng:
         return None
     who = [w for w in ("baseline", "candidate") if w in eng]
-    note = (f"Both models were scored inside the serving engine. KL {eng.get('kl', '')}. Path agreement: the "
-            f"candidate's figures in the engine beside quantkit's own path on up to {eng.get('path_tokens')} tokens a "
-            f"slice. Not measured in the engine: {'; '.join(eng.get('not_measured') or ['nothing'])}.")
+    note = words("engine_note", kl=eng.get("kl", ""), tokens=eng.get("path_tokens"),
+                 missing="; ".join(eng.get("not_measured") or [words("nothing")]))
     rows = [[key, *(str(eng[w].get(key, "–")) for w in who)] for key in ENGINE_SETTINGS
             if any(key in eng[w] for w in who)]
     return note, [words("th_setting"), *(words(f"th_{w}") for w in who)], rows

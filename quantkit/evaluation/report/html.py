@@ -11,7 +11,7 @@ from quantkit.common.i18n import HTML_LANG
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
                                                 column_groups, engine_section, fmt, gated_figures, gates, gating_text,
                                                 headline_figures, integrity_text, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, reason_margin, reason_sign, short,
+                                                mixed_text, noise_line, not_gated_note, reason_margin, reason_sign, short,
                                                 slice_notes, source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
@@ -83,7 +83,7 @@ def _reason_item(r: dict, key: str, i: int, w, lang: str) -> str:
     colon = w("colon")
     over = margin_text(reason_margin(r), w)
     said = meaning(r["measure"], lang)
-    note = f"{colon}{e(r['note'])}" if r.get("note") else ""
+    note = f"{colon}{e(not_gated_note(r['note'], w))}" if r.get("note") else ""
     return (f"<li class='{e(r['level'])}'><b>{e(r['level'])}</b> {e(r['slice'])}{colon}{e(r['measure'])} "
             f"{_span(r['value'], f'verdict.{key}.{i}.value')} {reason_sign(r)} "
             f"{_span(r['limit'], f'verdict.{key}.{i}.limit')}{e(w('aside', x=over))}{e(colon + said) if said else ''}"
@@ -157,7 +157,7 @@ def _slices(data: dict, images: dict[str, str], w) -> list[str]:
         parts += [f"<details><summary>{e(w(group))}</summary>",
                   _table(f"slices-{group.removeprefix('group_')}", [w("th_slice"), *titles], rows),
                   "</details>"]
-    head, business = business_lines(data)
+    head, business = business_lines(data, w)
     if business:
         header = [w("th_task"), *(w(c) for c in BUSINESS_COLUMNS), w("business_kl")]
         parts += [f"<h2>{e(w('business'))}</h2><p>{e(head)}</p>",
@@ -214,7 +214,7 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
     if data.get("mixed"):
         rows = [f"<tr><td>{e(r['unit'])}</td><td>{e(r['format'])}</td>{_cell(r['score'], f'mixed.units.{i}.score')}</tr>"
                 for i, r in enumerate(data["mixed"]["units"])]
-        parts += [f"<h2>{e(w('mixed'))}</h2><p id='mixed'>{e(mixed_text(data['mixed']))}</p>",
+        parts += [f"<h2>{e(w('mixed'))}</h2><p id='mixed'>{e(mixed_text(data['mixed'], w))}</p>",
                   _image(images, "mixed", w("alt_mixed")), f"<details><summary>{e(w('details'))}</summary>",
                   _table("mixed_units", [w("th_unit"), w("th_format"), w("th_predicted_kl")], rows), "</details>"]
     engine = engine_section(data["meta"], w)
@@ -248,7 +248,7 @@ INTEGRITY_COLUMNS = ("sqnr_db", "expected_sqnr_db", "recon_excess_db", "recon_un
 
 
 def _integrity(integrity: dict, images: dict[str, str], w) -> list[str]:
-    parts = [f"<h2>{e(w('integrity'))}</h2><p id='integrity'>{e(integrity_text(integrity))}</p>"]
+    parts = [f"<h2>{e(w('integrity'))}</h2><p id='integrity'>{e(integrity_text(integrity, w))}</p>"]
     if integrity["flagged"]:
         rows = [f"<tr><td>{e(f['name'])}</td><td class='{e(f['level'])}'>{e(f['level'])}</td>"
                 + "".join(_cell(f.get(c), f"integrity.flagged.{i}.{c}") for c in INTEGRITY_COLUMNS)

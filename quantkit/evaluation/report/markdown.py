@@ -6,7 +6,7 @@ from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
                                                 columns, engine_section, fmt, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, reason_margin, reason_sign, slice_notes,
+                                                mixed_text, noise_line, not_gated_note, reason_margin, reason_sign, slice_notes,
                                                 source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
@@ -44,7 +44,8 @@ def markdown(data: dict, lang: str | None = None) -> str:
         lines += [f"- {md_text(noise_line(n, w, fmt))}" for n in v["within_noise"]] + [""]
     if v.get("informational"):
         lines += [f"## {w('informational')}", ""]
-        lines += [f"- {r['level']} {md_text(reason_line(r, lang))}: {md_text(r['note'])}" for r in v["informational"]]
+        lines += [f"- {r['level']} {md_text(reason_line(r, lang))}{w('colon')}{md_text(not_gated_note(r['note'], w))}"
+                  for r in v["informational"]]
         lines.append("")
     lines += _engine_markdown(m, w) + _slices_markdown(data, w) + _positions_markdown(data, w)
     if data.get("footprint"):
@@ -61,7 +62,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
     if data.get("integrity"):
         lines += _integrity_markdown(data["integrity"], w)
     if data.get("mixed"):
-        lines += [f"## {w('mixed')}", "", mixed_text(data["mixed"]), "",
+        lines += [f"## {w('mixed')}", "", mixed_text(data["mixed"], w), "",
                   f"| {w('th_unit')} | {w('th_format')} | {w('th_predicted_kl')} |", "|---|---|---|"]
         lines += [md_row([r['unit'], r['format'], fmt(r['score'])]) for r in data["mixed"]["units"]] + [""]
     lines += [f"## {w('thresholds')}", "", f"| {w('th_measure')} | {w('th_review_past')} | {w('th_nogo_past')} | "
@@ -89,7 +90,7 @@ def _slices_markdown(data: dict, w) -> list[str]:
         cells = [name, (data.get('languages') or {}).get(name) or '–', v['slices'][name], gates(data, name, w)]
         lines.append(md_row([*cells, *(fmt(vals.get(c), spec) for c, _, spec in cols)]))
     lines.append("")
-    head, rows = business_lines(data)
+    head, rows = business_lines(data, w)
     if rows:
         lines += [f"## {w('business')}", "", md_text(head), "", md_row([w("th_task"), *(w(c) for c in BUSINESS_COLUMNS), w("business_kl")]),
                   "|---|" + "---|" * (len(BUSINESS_COLUMNS) + 1)]
@@ -132,7 +133,7 @@ def _engine_markdown(meta: dict, w) -> list[str]:
 
 
 def _integrity_markdown(integrity: dict, w) -> list[str]:
-    lines = [f"## {w('integrity')}", "", integrity_text(integrity), ""]
+    lines = [f"## {w('integrity')}", "", integrity_text(integrity, w), ""]
     if integrity["flagged"]:
         lines += [md_row([w("th_module"), w("th_level"), w("th_finding")]), "|---|---|---|"]
         lines += [md_row([f['name'], f['level'], f['summary']]) for f in integrity["flagged"]] + [""]

@@ -117,6 +117,34 @@ WORDS = Catalog({
     "excess_grid": ("Worst part's excess over expected error, dB (> 0 is flagged), layer x module kind:",
                     "最差部分超出预期误差的幅度，dB（> 0 即标记），按层 × 模块类型："),
     "note": ("note", "注"),
+    "none": ("none", "无"),
+    "nothing": ("nothing", "无"),
+    "integrity_text": ("{n} quantized modules decoded from the candidate's files (the tensors that serve) and compared "
+                       "with the baseline's weights{how}; every other tensor compared with the baseline; {s} s. "
+                       "{flagged} flagged.",
+                       "从候选的文件中解码出 {n} 个量化模块（即推理时实际使用的张量），与基线的权重比较{how}；"
+                       "其余张量也都与基线比较；用时 {s} 秒。标记 {flagged} 项。"),
+    "integrity_how": (", the recorded transforms re-applied on {k} layers", "，并在 {k} 层上重新应用了记录的变换"),
+    "business_checked": ("rows whose content is in the calibration sample ({manifest}{other}) are left out "
+                         "(in_calibration)", "内容出现在校准样本（{manifest}{other}）中的行已剔除（在校准集中）"),
+    "business_other_log": (", drawn from another log", "，来自另一份日志"),
+    "business_unchecked": ("not checked against a calibration sample (--calib-sample)",
+                           "未与校准样本核对（--calib-sample）"),
+    "business_head": ("Business rows from {log}: {said}; repeats of a row already taken are left out; chat rows "
+                      "score their assistant turns only (without_reply: rows with none, their turns scored).",
+                      "业务数据来自 {log}：{said}；已取过的行的重复项已剔除；对话行只对助手回复计分"
+                      "（无回复：没有助手回复的行，对其全部轮次计分）。"),
+    "engine_note": ("Both models were scored inside the serving engine. KL {kl}. Path agreement: the candidate's "
+                    "figures in the engine beside quantkit's own path on up to {tokens} tokens a slice. Not measured "
+                    "in the engine: {missing}.",
+                    "两个模型都在推理引擎中计分。KL：{kl}。路径一致性：候选在引擎中的指标与 quantkit 自身路径的指标并列，"
+                    "每个切片最多 {tokens} 个词元。引擎中未测量：{missing}。"),
+    "mixed_text": ("{bits} bits per planned weight (budget: {budget}), predicted KL {kl} nats per token ({method} "
+                   "score){measured}; {shares}.",
+                   "按方案每个权重 {bits} 位（预算：{budget}），预测 KL 为每词元 {kl} nats（{method} 评分）{measured}；"
+                   "{shares}。"),
+    "mixed_measured": ("; measured mean KL over the gated slices {kl}", "；参与判定切片上实测的平均 KL 为 {kl}"),
+    "mixed_units": ("{fmt} {n} units", "{fmt} {n} 个单元"),
     "no_cjk_font": ("", "未找到中文字体，图中标注为英文（scripts/setup-browser.sh 会安装 fonts-wqy-zenhei）。"),
     # plot labels
     "plot_kl": ("mean KL(baseline || candidate) per token, nats", "每词元平均 KL(基线 || 候选)，nats"),
