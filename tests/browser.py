@@ -92,8 +92,13 @@ _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+\-]*[A-Za-z0-9]|[A-Za-z]")
 
 
 def untranslated(texts, allowed) -> list[str]:
-    """The words of ``texts`` written in ASCII letters that are not in ``allowed`` (measure
-    names, slice names, levels: symbols that stay as they are in every language). Numbers and
-    words without a letter are not words here."""
-    return [w for text in texts for w in _WORD.findall(text)
-            if re.search(r"[A-Za-z]", w) and w not in allowed]
+    """The words of ``texts`` written in ASCII letters that are not part of a name in ``allowed``
+    (measure names, slice names, levels, variant labels: names that stay as they are in every
+    language). Numbers and words without a letter are not words here."""
+    names = sorted(allowed, key=len, reverse=True)   # "NO-GO" before "GO", "4-bit only" whole
+    pattern = re.compile("|".join(rf"(?<![\w-]){re.escape(n)}(?![\w-])" for n in names)) if names else None
+    words = []
+    for text in texts:
+        rest = pattern.sub(" ", text) if pattern else text
+        words += [w for w in _WORD.findall(rest) if re.search(r"[A-Za-z]", w)]
+    return words
