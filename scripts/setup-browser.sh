@@ -7,7 +7,7 @@
 set -euo pipefail
 PACKAGES="chromium chromium-driver fonts-wqy-zenhei"
 if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && fc-list :lang=zh 2>/dev/null | grep -q .; then
-  echo "browser ready: $(/usr/bin/chromium --version)"
+  echo "browser ready: $(/usr/bin/chromium --version 2>/dev/null)"
   exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
@@ -17,4 +17,4 @@ fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y -q $PACKAGES >/dev/null 2>&1 ||
   { apt-get update -q >/dev/null && apt-get install -y -q $PACKAGES >/dev/null; }
-echo "browser ready: $(/usr/bin/chromium --version)"
+echo "browser ready: $(/usr/bin/chromium --version 2>/dev/null)"
