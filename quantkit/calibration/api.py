@@ -19,6 +19,7 @@ from quantkit.calibration.io import Malformed, RawLog, file_sha256, read_log, ro
 from quantkit.calibration.manifest import build_manifest, coverage_warnings
 from quantkit.calibration.render import Row, RowError, chat_renderer, render_record
 from quantkit.calibration.report import report_html, report_json, report_markdown
+from quantkit.common.i18n import DEFAULT_LANG, check_lang
 from quantkit.calibration.sampler import build_pool, draw
 from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_output, json_bytes,
                                         read_output, samples_bytes, sha256, write_output)
@@ -53,7 +54,8 @@ def default_log_path() -> Path:
 
 
 def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerConfig | None = None,
-              out: str | Path | None = None, overwrite: bool = False, **overrides: Any) -> CalibrationResult:
+              out: str | Path | None = None, overwrite: bool = False, lang: str = DEFAULT_LANG,
+              **overrides: Any) -> CalibrationResult:
     """Draw a stratified calibration set from a traffic log and describe it.
 
     ``source`` is a JSONL/CSV/Parquet/.txt log or a saved HF datasets folder (``None``: the
@@ -61,7 +63,8 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     model's; ``overrides`` are ``SamplerConfig`` fields. With ``out`` the set, manifest and
     reports are written there (atomically); an existing ``out`` is replaced only with ``overwrite``
     and only when it is an earlier calibration output, never when it holds the log being read
-    (``quantkit.common.outputs``).
+    (``quantkit.common.outputs``). ``lang`` ("en" or "zh") is the language of report.md and
+    report.html; report.json and the manifest are the same in both.
 
     Example:
         >>> res = calibrate("logs.jsonl", "models/my-model", num_samples=256, max_len=4096,
@@ -69,6 +72,7 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
         >>> res.manifest["counts"]["selected"]                                 # doctest: +SKIP
         256
     """
+    check_lang(lang, "lang")
     cfg = config or SamplerConfig()
     if overrides:
         cfg = SamplerConfig.from_dict({**cfg.to_dict(), **overrides})
@@ -110,8 +114,8 @@ def calibrate(source: str | Path | None, tokenizer: Any = None, config: SamplerC
     files = {SAMPLES_FILE: sample_data, MANIFEST_FILE: json_bytes(manifest)}
     written = None
     if out is not None:  # reports (with their plots) only for a folder a person will read
-        files.update({"report.md": report_markdown(manifest).encode("utf-8"),
-                      "report.html": report_html(manifest).encode("utf-8"),
+        files.update({"report.md": report_markdown(manifest, lang).encode("utf-8"),
+                      "report.html": report_html(manifest, lang).encode("utf-8"),
                       "report.json": json_bytes(report_json(manifest))})
         written = write_output(out, files, policy, overwrite)
     return CalibrationResult(manifest=manifest, samples=samples, files=files, out=written)

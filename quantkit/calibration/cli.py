@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from quantkit.calibration.config import DEFAULT_LENGTH_EDGES, FieldMap, SamplerConfig
+from quantkit.common.i18n import DEFAULT_LANG, check_lang
 from quantkit.errors import QuantkitError
 
 
@@ -47,12 +48,15 @@ def calibrate_command(
     completion_field: str = typer.Option("completion", "--completion-field", help="Column holding the completion."),
     task_field: str = typer.Option("task", "--task-field", help="Column holding a task label ('' to always infer)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit calibrate output."),
+    lang: str = typer.Option(DEFAULT_LANG, "--lang", help="Language of report.md and report.html: en or zh "
+                                                          "(report.json and the manifest are the same in both)."),
 ) -> None:
     """Draw a calibration set covering every task type and length range of a traffic log, with a
     manifest and a coverage report (Markdown, HTML, JSON)."""
     from quantkit.calibration.api import calibrate
 
     try:
+        check_lang(lang)
         cfg = SamplerConfig(
             num_samples=n, max_len=max_len, seed=seed, policy=policy, min_per_cell=min_per_cell,
             length_edges=_edges(edges), long_policy=long, near_dup_threshold=near_dup,
@@ -60,7 +64,7 @@ def calibrate_command(
             fields=FieldMap(messages=messages_field, prompt=prompt_field, completion=completion_field,
                             text=text_field, task=task_field or None))
         start = time.perf_counter()
-        result = calibrate(logs, model, cfg, out=out, overwrite=overwrite)
+        result = calibrate(logs, model, cfg, out=out, overwrite=overwrite, lang=lang)
     except QuantkitError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=2)

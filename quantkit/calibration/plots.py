@@ -40,8 +40,8 @@ def _pct(share: float) -> float:
 
 
 def render_png(series: dict[str, Any]) -> bytes:
-    """A grouped bar chart of one series. PNG metadata carries no version or date, so the bytes
-    depend only on the data."""
+    """A grouped bar chart of one series (its ``legend``, when given, names the bars in the
+    report's language). PNG metadata carries no version or date, so the bytes depend only on the data."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -53,8 +53,9 @@ def render_png(series: dict[str, Any]) -> bytes:
     ax = fig.add_subplot(1, 1, 1)
     xs = range(len(labels))
     bar = 0.8 / len(SERIES)
-    for j, name in enumerate(SERIES):
-        ax.bar([x + (j - (len(SERIES) - 1) / 2) * bar for x in xs], series[name], width=bar, label=name,
+    legend = series.get("legend") or SERIES
+    for j, (name, label) in enumerate(zip(SERIES, legend)):
+        ax.bar([x + (j - (len(SERIES) - 1) / 2) * bar for x in xs], series[name], width=bar, label=label,
                color=_COLOURS[name])
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, rotation=35, ha="right", fontsize=8)

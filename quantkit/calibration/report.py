@@ -8,19 +8,73 @@ from __future__ import annotations
 import html
 from typing import Any, Callable
 
-from quantkit.calibration.plots import figure_series, png_base64
+from quantkit.calibration.plots import SERIES, figure_series, png_base64
+from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog
 from quantkit.common.jsonio import dumps_strict
 from quantkit.common.markdown import md_code, md_row, md_text
+from quantkit.common.plotfonts import plot_language
 
 REPORT_FORMAT = "quantkit-calibration-report"
 REPORT_VERSION = 2
 
+# the report's words in each language (quantkit.common.i18n); JSON keys and the user's task
+# labels stay as they are
+WORDS = Catalog({
+    "title": ("Calibration coverage report", "校准集覆盖报告"),
+    "counts": ("Counts", "计数"),
+    "malformed": ("Malformed rows", "格式错误的行"),
+    "figures": ("Figures", "图"),
+    "tasks": ("Task types", "任务类型"),
+    "buckets": ("Length buckets (tokens)", "长度分桶（词元）"),
+    "cells": ("Cells (task type x length bucket)", "单元（任务类型 × 长度分桶）"),
+    "histogram": ("Token-length histogram", "词元长度直方图"),
+    "warnings": ("Warnings", "警告"),
+    "none": ("none", "无"),
+    "figures_note": ("Figures: see report.html (traffic, distinct and sample shares per task type and length bucket, "
+                     "token-length histogram).",
+                     "图见 report.html（各任务类型与长度分桶的流量、不重复行与样本占比，以及词元长度直方图）。"),
+    "source": ("source: {name} ({format}, sha256 {sha})", "来源：{name}（{format}，sha256 {sha}）"),
+    "tokenizer": ("tokenizer: {name}", "分词器：{name}"),
+    "policy": ("policy: {policy}, seed {seed}, num_samples {num_samples}, max_len {max_len}, "
+               "min_per_cell {min_per_cell}",
+               "策略：{policy}，随机种子 {seed}，num_samples {num_samples}，max_len {max_len}，"
+               "min_per_cell {min_per_cell}"),
+    "task_types": ("task types: {tasks} (distinct rows)", "任务类型：{tasks}（不重复行）"),
+    "languages": ("languages: source {source}; sample {sample}", "语言：来源 {source}；样本 {sample}"),
+    # table labels
+    "count": ("count", "计数项"), "value": ("value", "数值"), "reason": ("reason", "原因"),
+    "times": ("count", "次数"), "first_lines": ("first lines", "最先出现的行号"),
+    "name": ("name", "名称"), "traffic rows": ("traffic rows", "流量行数"), "traffic share": ("traffic share", "流量占比"),
+    "distinct rows": ("distinct rows", "不重复行数"), "distinct share": ("distinct share", "不重复占比"),
+    "selected": ("selected", "选中"), "sample share": ("sample share", "样本占比"),
+    "tokens": ("tokens", "词元"), "traffic": ("traffic", "流量"), "distinct": ("distinct", "不重复"),
+    "sample": ("sample", "样本"),
+    "task": ("task", "任务"), "bucket": ("bucket", "长度分桶"), "traffic_rows": ("traffic_rows", "流量行数"),
+    "traffic_share": ("traffic_share", "流量占比"), "distinct_rows": ("distinct_rows", "不重复行数"),
+    "distinct_share": ("distinct_share", "不重复占比"), "target": ("target", "目标数"),
+    "sample_share": ("sample_share", "样本占比"),
+    # the counts
+    "rows_read": ("rows read", "读取的行"), "malformed_rows": ("malformed (skipped)", "格式错误（已跳过）"),
+    "valid": ("valid rows", "有效行"), "duplicates_exact": ("exact duplicates removed", "去除的完全重复行"),
+    "dropped_too_long": ("dropped as too long", "因过长而丢弃"), "pool": ("distinct rows sampled from", "参与抽样的不重复行"),
+    "duplicates_near": ("near duplicates skipped", "跳过的近似重复行"), "selected_count": ("samples selected", "选中的样本"),
+    "truncated_source": ("distinct rows over max_len", "超过 max_len 的不重复行"),
+    "truncated_selected": ("samples truncated to max_len", "截断到 max_len 的样本"),
+    "tokens_selected": ("tokens in the sample", "样本中的词元数"),
+    # the figures
+    "fig_tasks": ("Share per task type: traffic, distinct rows, sample", "各任务类型的占比：流量、不重复行、样本"),
+    "fig_buckets": ("Share per length bucket (tokens): traffic, distinct rows, sample",
+                    "各长度分桶（词元）的占比：流量、不重复行、样本"),
+    "fig_lengths": ("Token-length histogram (capped at max_len)", "词元长度直方图（以 max_len 为上限）"),
+    "unit": ("% of rows", "占行数的百分比"),
+})
+
+# count key -> its label's message id, in the report's order
 _COUNT_LABELS = (
-    ("rows_read", "rows read"), ("malformed", "malformed (skipped)"), ("valid", "valid rows"),
-    ("duplicates_exact", "exact duplicates removed"), ("dropped_too_long", "dropped as too long"),
-    ("pool", "distinct rows sampled from"), ("duplicates_near", "near duplicates skipped"),
-    ("selected", "samples selected"), ("truncated_source", "distinct rows over max_len"),
-    ("truncated_selected", "samples truncated to max_len"), ("tokens_selected", "tokens in the sample"),
+    ("rows_read", "rows_read"), ("malformed", "malformed_rows"), ("valid", "valid"),
+    ("duplicates_exact", "duplicates_exact"), ("dropped_too_long", "dropped_too_long"), ("pool", "pool"),
+    ("duplicates_near", "duplicates_near"), ("selected", "selected_count"), ("truncated_source", "truncated_source"),
+    ("truncated_selected", "truncated_selected"), ("tokens_selected", "tokens_selected"),
 )
 # traffic counts repeats (the server's view), distinct is what can be drawn, sample what was
 _CELL_COLUMNS = ("task", "bucket", "traffic_rows", "traffic_share", "distinct_rows", "distinct_share",
@@ -46,25 +100,24 @@ def _cell_value(row: dict[str, Any], col: str) -> str:
 
 
 def _summary_lines(manifest: dict[str, Any], code: Callable[[object], str],
-                   text: Callable[[object], str]) -> list[str]:
+                   text: Callable[[object], str], w) -> list[str]:
     """The report's opening lines; the user's names and paths through ``code`` (shown verbatim)
     and everything else through ``text``: each format's escaping."""
     src, cfg = manifest["source"], manifest["config"]
-    return [f"source: {code(src['name'])} ({text(src['format'])}, sha256 {code(src['sha256'][:16])})",
-            f"tokenizer: {code(manifest['tokenizer']['name_or_path'])}",
-            text(f"policy: {cfg['policy']}, seed {cfg['seed']}, num_samples {cfg['num_samples']}, "
-                 f"max_len {cfg['max_len']}, min_per_cell {cfg['min_per_cell']}"),
-            text(f"task types: {_kv(manifest['task_source']['source'])} (distinct rows)"),
-            text(f"languages: source {_kv(manifest['languages']['source'])}; "
-                 f"sample {_kv(manifest['languages']['sample'])}")]
+    return [w("source", name=code(src["name"]), format=text(src["format"]), sha=code(src["sha256"][:16])),
+            w("tokenizer", name=code(manifest["tokenizer"]["name_or_path"])),
+            text(w("policy", **{k: cfg[k] for k in ("policy", "seed", "num_samples", "max_len", "min_per_cell")})),
+            text(w("task_types", tasks=_kv(manifest["task_source"]["source"], w))),
+            text(w("languages", source=_kv(manifest["languages"]["source"], w),
+                   sample=_kv(manifest["languages"]["sample"], w)))]
 
 
 def _html_text(value: object) -> str:
     return html.escape(str(value))
 
 
-def _kv(d: dict[str, int]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in d.items()) or "none"
+def _kv(d: dict[str, int], w) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items()) or w("none")
 
 
 def _marginal_rows(items: list[dict[str, Any]]) -> list[list[str]]:
@@ -72,74 +125,90 @@ def _marginal_rows(items: list[dict[str, Any]]) -> list[list[str]]:
              _pct(i["distinct_share"]), str(i["selected"]), _pct(i["sample_share"])] for i in items]
 
 
-_MARGINAL_HEAD = ["name", "traffic rows", "traffic share", "distinct rows", "distinct share", "selected",
-                  "sample share"]
+_MARGINAL_HEAD = ("name", "traffic rows", "traffic share", "distinct rows", "distinct share", "selected",
+                  "sample share")
 
 
-def report_markdown(manifest: dict[str, Any]) -> str:
+def _tables(manifest: dict[str, Any], w) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Section -> (header, rows) of the report's tables, in the report's language."""
+    hist = manifest["length_histogram"]
+    lows = [0] + hist["edges"][:-1]
+    marginal = [w(h) for h in _MARGINAL_HEAD]
+    return {
+        "counts": ([w("count"), w("value")], [[w(label), str(manifest["counts"][k])] for k, label in _COUNT_LABELS]),
+        "malformed": ([w("reason"), w("times"), w("first_lines")],
+                      [[r, str(d["count"]), ", ".join(map(str, d["first_lines"]))]
+                       for r, d in manifest["malformed"].items()]),
+        "tasks": (marginal, _marginal_rows(manifest["tasks"])),
+        "buckets": (marginal, _marginal_rows(manifest["buckets"])),
+        "cells": ([w(k) for k in _CELL_COLUMNS], [[_cell_value(c, k) for k in _CELL_COLUMNS] for c in manifest["cells"]]),
+        "histogram": ([w("tokens"), w("traffic"), w("distinct"), w("sample")],
+                      [[f"{lo + 1}-{hi}", str(r), str(d), str(t)] for lo, hi, r, d, t in
+                       zip(lows, hist["edges"], hist["traffic"], hist["distinct"], hist["sample"])]),
+    }
+
+
+def report_markdown(manifest: dict[str, Any], lang: str = DEFAULT_LANG) -> str:
+    w = WORDS.bind(lang)
+
     def table(head: list[str], rows: list[list[str]]) -> list[str]:
         return [md_row(head), "|" + "---|" * len(head)] + [md_row(r) for r in rows] + [""]
 
-    out = ["# Calibration coverage report", ""] + [f"- {line}" for line in _summary_lines(manifest, md_code, md_text)] + [""]
-    out += ["## Counts", ""] + table(["count", "value"], [[label, str(manifest["counts"][k])]
-                                                          for k, label in _COUNT_LABELS])
-    out += ["## Malformed rows", ""]
-    out += table(["reason", "count", "first lines"],
-                 [[r, str(d["count"]), ", ".join(map(str, d["first_lines"]))]
-                  for r, d in manifest["malformed"].items()]) if manifest["malformed"] else ["none", ""]
-    out += ["## Task types", ""] + table(_MARGINAL_HEAD, _marginal_rows(manifest["tasks"]))
-    out += ["## Length buckets (tokens)", ""] + table(_MARGINAL_HEAD, _marginal_rows(manifest["buckets"]))
-    out += ["## Cells (task type x length bucket)", ""]
-    out += table(list(_CELL_COLUMNS), [[_cell_value(c, k) for k in _CELL_COLUMNS] for c in manifest["cells"]])
-    hist = manifest["length_histogram"]
-    lows = [0] + hist["edges"][:-1]
-    out += ["## Token-length histogram", ""]
-    out += table(["tokens", "traffic", "distinct", "sample"],
-                 [[f"{lo + 1}-{hi}", str(r), str(d), str(t)] for lo, hi, r, d, t in
-                  zip(lows, hist["edges"], hist["traffic"], hist["distinct"], hist["sample"])])
-    out += ["## Warnings", ""] + ([f"- {md_text(w)}" for w in manifest["warnings"]] or ["none"]) + [""]
-    out += ["Figures: see report.html (traffic, distinct and sample shares per task type and length bucket, "
-            "token-length histogram).", ""]
+    tables = _tables(manifest, w)
+    out = [f"# {w('title')}", ""] + [f"- {line}" for line in _summary_lines(manifest, md_code, md_text, w)] + [""]
+    for section in ("counts", "malformed", "tasks", "buckets", "cells", "histogram"):
+        head, rows = tables[section]
+        out += [f"## {w(section)}", ""] + (table(head, rows) if rows else [w("none"), ""])
+    out += [f"## {w('warnings')}", ""] + ([f"- {md_text(x)}" for x in manifest["warnings"]] or [w("none")]) + [""]
+    out += [w("figures_note"), ""]
     return "\n".join(out)
 
 
 def _html_table(head: list[str], rows: list[list[str]], css: str) -> str:
     th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
     body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
-    return f'<table class="{css}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="wide"><table class="{css}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def report_html(manifest: dict[str, Any]) -> str:
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>Calibration coverage report</title>",
-             "<style>body{font-family:sans-serif;max-width:70em;margin:auto}table{border-collapse:collapse;"
-             "margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-             ".warn{color:#a40}</style></head><body>",
-             "<h1>Calibration coverage report</h1><ul>"]
-    parts += [f"<li>{line}</li>" for line in _summary_lines(manifest, _html_text, _html_text)]
-    parts.append("</ul><h2>Counts</h2>")
-    parts.append(_html_table(["count", "value"], [[label, str(manifest["counts"][k])]
-                                                   for k, label in _COUNT_LABELS], "counts"))
-    parts.append("<h2>Malformed rows</h2>")
-    parts.append(_html_table(["reason", "count", "first lines"],
-                             [[r, str(d["count"]), ", ".join(map(str, d["first_lines"]))]
-                              for r, d in manifest["malformed"].items()], "malformed"))
-    parts.append("<h2>Figures</h2>")
-    for name, series in figure_series(manifest).items():
-        # Script content is not HTML-decoded by browsers: only "</" needs guarding.
-        data = dumps_strict(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
-        parts.append(f'<figure id="figure-{name}"><img alt="{html.escape(series["title"])}" '
-                     f'src="data:image/png;base64,{png_base64(series)}">'
-                     f"<figcaption>{html.escape(series['title'])}</figcaption>"
-                     f'<script type="application/json" class="figure-data" data-figure="{name}">'
-                     f"{data}</script></figure>")
-    parts.append("<h2>Task types</h2>" + _html_table(_MARGINAL_HEAD, _marginal_rows(manifest["tasks"]), "tasks"))
-    parts.append("<h2>Length buckets (tokens)</h2>" +
-                 _html_table(_MARGINAL_HEAD, _marginal_rows(manifest["buckets"]), "buckets"))
-    parts.append("<h2>Cells (task type x length bucket)</h2>" +
-                 _html_table(list(_CELL_COLUMNS), [[_cell_value(c, k) for k in _CELL_COLUMNS]
-                                                   for c in manifest["cells"]], "cells"))
-    parts.append("<h2>Warnings</h2><ul>")
-    parts += [f'<li class="warn">{html.escape(w)}</li>' for w in manifest["warnings"]] or ["<li>none</li>"]
+def _figures_html(manifest: dict[str, Any], lang: str) -> list[str]:
+    """Each figure as a PNG labelled in ``lang`` (in English where the machine has no font for
+    it), with its plotted series embedded as JSON (the manifest's words: the figure's data)."""
+    parts = []
+    with plot_language(lang) as drawn:
+        w, shown = WORDS.bind(lang), WORDS.bind(drawn)
+        for name, series in figure_series(manifest).items():
+            labelled = {**series, "title": shown(f"fig_{name}"), "unit": shown("unit"),
+                        "legend": [shown(k) for k in SERIES]}
+            # Script content is not HTML-decoded by browsers: only "</" needs guarding.
+            data = dumps_strict(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
+            parts.append(f'<figure id="figure-{name}"><img alt="{html.escape(w(f"fig_{name}"))}" '
+                         f'src="data:image/png;base64,{png_base64(labelled)}">'
+                         f"<figcaption>{html.escape(w(f'fig_{name}'))}</figcaption>"
+                         f'<script type="application/json" class="figure-data" data-figure="{name}">'
+                         f"{data}</script></figure>")
+    return parts
+
+
+_STYLE = ("body{font-family:sans-serif;max-width:70em;margin:auto;padding:0 1em;overflow-wrap:anywhere}"
+          "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
+          ".wide{max-width:100%;overflow-x:auto}img{max-width:100%;height:auto}.warn{color:#a40}")
+
+
+def report_html(manifest: dict[str, Any], lang: str = DEFAULT_LANG) -> str:
+    w = WORDS.bind(lang)
+    tables = _tables(manifest, w)
+    parts = ["<!DOCTYPE html>", f'<html lang="{HTML_LANG[lang]}"><head><meta charset="utf-8">',
+             f"<title>{html.escape(w('title'))}</title>", f"<style>{_STYLE}</style></head><body>",
+             f"<h1>{html.escape(w('title'))}</h1><ul>"]
+    parts += [f"<li>{line}</li>" for line in _summary_lines(manifest, _html_text, _html_text, w)]
+    parts.append("</ul>")
+    for section in ("counts", "malformed"):
+        parts.append(f"<h2>{html.escape(w(section))}</h2>" + _html_table(*tables[section], section))
+    parts.append(f"<h2>{html.escape(w('figures'))}</h2>")
+    parts += _figures_html(manifest, lang)
+    for section in ("tasks", "buckets", "cells"):
+        parts.append(f"<h2>{html.escape(w(section))}</h2>" + _html_table(*tables[section], section))
+    parts.append(f"<h2>{html.escape(w('warnings'))}</h2><ul>")
+    parts += [f'<li class="warn">{html.escape(x)}</li>' for x in manifest["warnings"]] or [f"<li>{w('none')}</li>"]
     parts.append("</ul></body></html>")
     return "\n".join(parts) + "\n"

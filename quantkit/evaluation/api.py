@@ -64,10 +64,11 @@ class EvalResult:
     def to_json(self) -> dict:
         return to_json(self)
 
-    def save(self, out_dir: str | Path, overwrite: bool = False, policy=None) -> Path:
+    def save(self, out_dir: str | Path, overwrite: bool = False, policy=None, lang: str = "en") -> Path:
         """Write report.json, report.md and report.html into ``out_dir`` (atomically); an existing
-        report folder is replaced only with ``overwrite`` (``quantkit.common.outputs``)."""
-        return save(self, Path(out_dir), policy, overwrite)
+        report folder is replaced only with ``overwrite`` (``quantkit.common.outputs``). ``lang``
+        ("en" or "zh") is the language of report.md and report.html; report.json is the same in both."""
+        return save(self, Path(out_dir), policy, overwrite, lang)
 
 
 def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: int = 3) -> list[dict]:

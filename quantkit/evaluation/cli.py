@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from quantkit.common.device import check_device
+from quantkit.common.i18n import DEFAULT_LANG, check_lang
 from quantkit.errors import QuantkitError
 from quantkit.common.outputs import OutputPolicy, existing_path, written_by
 from quantkit.common.jsonio import dumps_strict
@@ -298,11 +299,13 @@ def eval_command(
     engine_dtype: str = typer.Option("auto", "--engine-dtype", help="dtype the engine runs (auto: float32 on the CPU, bfloat16 for int4 checkpoints there; the model's own on a GPU)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help=f"Log-probabilities per position the servers return; KL is estimated from them (default: {ENGINE_TOP_K} with --engine, {ENDPOINT_TOP_K} with --endpoint, vLLM's default cap)."),
     path_tokens: int = typer.Option(4096, "--path-tokens", help="Tokens per slice on which the engine's candidate is compared with quantkit's own path (0: no path agreement)."),
+    lang: str = typer.Option(DEFAULT_LANG, "--lang", help="Language of report.md and report.html: en or zh (report.json is the same in both)."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
     served = EngineOptions(engine, engine_python, endpoint, baseline_endpoint, engine_dtype, top_k, path_tokens)
     with _interruptible():
         try:
+            check_lang(lang)
             tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
             out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
                                         recipe=recipe, suite=suite)
@@ -313,7 +316,7 @@ def eval_command(
                                     lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
                                     unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample,
                                     engine=served)
-            path = result.save(out, overwrite, policy)
+            path = result.save(out, overwrite, policy, lang)
         except QuantkitError as e:
             _fail(str(e))
     _print_result(result, path)

@@ -1,23 +1,26 @@
 """Reading a saved report's HTML back: the cells that carry a JSON path, and whole tables,
-so tests can check that every number shown equals report.json's."""
+so tests can check that every number shown equals report.json's. The page shows a number at
+three significant digits and carries the JSON's value in the cell's ``data-value``: ``cells``
+and the tables hold that value, ``shown`` what a reader sees."""
 from html.parser import HTMLParser
 
 
 class Cells(HTMLParser):
-    """``cells``: data-path -> text of every ``<td>``/``<span>`` that names its JSON path;
+    """``cells``: data-path -> the value (``data-value``, else the text) of every ``<td>``/``<span>``
+    that names its JSON path; ``shown``: data-path -> its text;
     ``images``: the attributes of every ``<img>``; ``tables``: table id -> rows of
     ``(text, data-path or None)`` cells (header rows included, as ``th`` cells)."""
 
     def __init__(self):
         super().__init__()
-        self.cells, self.images, self.tables = {}, [], {}
-        self._path, self._text = None, ""
+        self.cells, self.shown, self.images, self.tables = {}, {}, [], {}
+        self._path, self._text, self._value = None, "", None
         self._table, self._cell = None, None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if "data-path" in a:
-            self._path, self._text = a["data-path"], ""
+            self._path, self._text, self._value = a["data-path"], "", a.get("data-value")
         if tag == "img":
             self.images.append(a)
         if tag == "table":
@@ -27,7 +30,7 @@ class Cells(HTMLParser):
         elif tag == "tr" and self._table:
             self.tables[self._table].append([])
         elif tag in ("td", "th") and self._table:
-            self._cell = ["", a.get("data-path")]
+            self._cell = ["", a.get("data-path"), a.get("data-value")]
 
     def handle_data(self, data):
         if self._path is not None:
@@ -37,10 +40,12 @@ class Cells(HTMLParser):
 
     def handle_endtag(self, tag):
         if self._path is not None and tag in ("td", "span"):
-            self.cells[self._path] = self._text
+            self.cells[self._path] = self._text if self._value is None else self._value
+            self.shown[self._path] = self._text
             self._path = None
         if tag in ("td", "th") and self._cell is not None:
-            self.tables[self._table][-1].append(tuple(self._cell))
+            text, path, value = self._cell
+            self.tables[self._table][-1].append((text if value is None else value, path))
             self._cell = None
         if tag == "table":
             self._table = None

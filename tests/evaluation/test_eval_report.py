@@ -15,6 +15,7 @@ from quantkit.evaluation.api import HIDDEN
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
 from quantkit.common.markdown import md_text
+from quantkit.evaluation.report import short
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +53,30 @@ def test_html_numbers_equal_the_json(saved):
                 assert f"slices.{name}.{m}" in p.cells
 
 
-def test_every_number_of_the_html_slice_table_is_the_jsons(saved):
+def test_every_number_of_the_html_slice_tables_is_the_jsons(saved):
+    """The gated measures in the slice table, the figures they come from in the folded tables
+    beside it: together every slice figure of the JSON, each shown at three significant digits."""
     _, out = saved
     data = json.loads((out / "report.json").read_text())
-    rows = parse((out / "report.html").read_text()).tables["slices"]
+    page = parse((out / "report.html").read_text())
+    rows = page.tables["slices"]
     assert [text for text, _ in rows[0]][:4] == ["slice", "language", "verdict", "gates"]
     assert [r[0][0] for r in rows[1:]] == list(data["slices"])
     for row in rows[1:]:
         assert row[2][0] == data["verdict"]["slices"][row[0][0]]
+    assert {c for c, _ in rows[0][4:]} <= set(data["thresholds"])   # the main table: gated measures only
     checked = check_table(rows, data, lambda row, col: f"slices.{row[0][0]}.{col}", 4)
     shown = [c for c, _ in rows[0][4:]]
+    groups = [t for t in page.tables if t.startswith("slices-")]
+    assert "slices-perplexity" in groups
+    for table in groups:
+        group = page.tables[table]
+        checked += check_table(group, data, lambda row, col: f"slices.{row[0][0]}.{col}", 1)
+        shown += [c for c, _ in group[0][1:]]
     assert checked == sum(v.get(c) is not None for v in data["slices"].values() for c in shown) > 30
+    for path, text in page.shown.items():
+        value = lookup(data, path)
+        assert text == short(value), (path, text)
 
 
 def test_html_is_self_contained_with_its_plots(saved):
@@ -161,3 +175,43 @@ def test_markdown_report_escapes_user_slice_names(saved):
     head = next(line for line in md.splitlines() if line.startswith("| slice |"))
     assert row.replace("\\|", "").count("|") == head.count("|")   # still one cell per column
     assert "line one<br>line two" in md
+
+
+def test_the_chinese_page_of_a_report_with_every_section_leaves_no_english_heading(saved, tmp_path):
+    """Variants, business rows, a not-gated slice, footprint, worst examples: each section's headings
+    and table labels in Chinese, as Chromium renders them (the browser test covers a real checkpoint)."""
+    from browser import open_page, untranslated
+
+    from quantkit.evaluation.measures import table_columns
+    from quantkit.evaluation.report import plots, render_html
+    from quantkit.evaluation.report.content import BUSINESS_COLUMNS, VARIANT_COLUMNS
+
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    data["meta"]["business"] = {"log": "log.jsonl", "checked_against": None,
+                                "tasks": {"support": {k: 1 for k in BUSINESS_COLUMNS}}}
+    data["verdict"]["not_gated"] = {"long-en": "not gated (--languages: zh)"}
+    images, drawn = plots(data, "zh")
+    (tmp_path / "zh.html").write_text(render_html(data, images, "zh", drawn), encoding="utf-8")
+    page = open_page(tmp_path / "zh.html")
+    heads = [t for tag in ("h1", "h2", "h3", "th", "summary") for t in page.headings[tag]]
+    allowed = set(data["slices"]) | set(data["thresholds"]) | {c for c, _, _ in table_columns()} | \
+        set(VARIANT_COLUMNS) | set(data["kl_by_position_variants"]["long-en"]) | {"quantkit", "KL", "NO-GO", "REVIEW", "GO"}
+    assert drawn == "zh" and "业务数据" in page.headings["h2"] and "不参与判定（--languages: zh）" in page.text
+    assert untranslated(heads, allowed) == []
+    assert page.scroll_width <= page.inner_width
+
+
+def test_without_a_chinese_font_the_plots_are_in_english_and_the_page_says_so(saved, monkeypatch):
+    from quantkit.common import plotfonts
+    from quantkit.evaluation.report import plots, render_html
+
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    monkeypatch.setattr(plotfonts, "cjk_family", lambda: None)
+    images, drawn = plots(data, "zh")
+    assert drawn == "en" and set(images) == {"slices", "position", "modules"}
+    page = parse(render_html(data, images, "zh", drawn))
+    assert [i["alt"] for i in page.images] == ["各切片指标", "按位置的 KL", "逐模块误差"]
+    assert "id='plot_language'" in render_html(data, images, "zh", drawn)
+    assert "id='plot_language'" not in render_html(data, images, "zh", "zh")

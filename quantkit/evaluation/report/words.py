@@ -1,0 +1,180 @@
+"""The evaluation report's words in English and Chinese (``quantkit.common.i18n``).
+
+Measure names (kl_mean, top1_agreement), slice names, levels (GO, REVIEW, NO-GO) and JSON keys
+stay as they are in every language: they are the symbols report.json, recipes and thresholds use.
+The Chinese is written for engineers who read such reports: 结论 (decision), 原因 (reasons),
+切片 (slice), 困惑度 (perplexity), 限值 (limit), 余量 (margin).
+"""
+from __future__ import annotations
+
+from quantkit.common.i18n import Catalog
+
+WORDS = Catalog({
+    # headings
+    "title": ("quantkit evaluation", "quantkit 评估结论"),
+    "colon": (": ", "："),
+    "aside": (" ({x})", "（{x}）"),
+    "reasons": ("Reasons", "原因"),
+    "no_reasons": ("Every gated figure is within its limit.", "所有参与判定的指标都在限值之内。"),
+    "closest": ("Closest to its limit: {line}", "离限值最近的一项：{line}"),
+    "gating": ("Gating figures: value, limit, margin", "判定指标：数值、限值与余量"),
+    "gating_note": ("Each gated slice's tightest figure: the one closest to its limit, or furthest past it, "
+                    "relative to the limit. Margin: how far the figure is inside its limit (negative: past it).",
+                    "每个参与判定的切片列出最紧的一项：相对限值而言离限值最近、或超出最多的指标。"
+                    "余量：指标距离限值还有多远（负数表示已超出）。"),
+    "gating_all": ("All {n} gating figures", "全部 {n} 项判定指标"),
+    "warnings": ("Warnings", "警告"),
+    "within_noise": ("Within noise of a limit (information only)", "处于限值的噪声范围内（仅供参考）"),
+    "within_noise_note": ("With other rows of the same traffic these levels could differ (bootstrap over rows):",
+                          "换用同一业务流量的其他行，这些等级可能不同（按行自助抽样）："),
+    "informational": ("Not gated (information only)", "不参与判定（仅供参考）"),
+    "slices": ("Slices", "切片"),
+    "group_perplexity": ("Perplexity", "困惑度"),
+    "group_tasks": ("Task scores", "任务得分"),
+    "group_path": ("The engine's path", "引擎路径"),
+    "group_other": ("Other measures", "其他指标"),
+    "business": ("Business rows", "业务数据"),
+    "lm_eval": ("lm-eval tasks", "lm-eval 任务"),
+    "positions": ("KL by position", "按位置的 KL"),
+    "positions_of": ("KL by position: {name}", "按位置的 KL：{name}"),
+    "modules": ("Per-module quantization error", "逐模块量化误差"),
+    "integrity": ("Checkpoint integrity", "检查点完整性"),
+    "mixed": ("Mixed-precision plan", "混合精度方案"),
+    "engine": ("Served by the engine", "在推理引擎中的评估"),
+    "footprint": ("Deployment footprint", "部署资源占用"),
+    "worst": ("Worst examples of the slices that are not GO", "非 GO 切片中最差的样本"),
+    "thresholds": ("Thresholds", "阈值"),
+    "details": ("Details", "详情"),
+    # table labels
+    "th_slice": ("slice", "切片"),
+    "th_language": ("language", "语言"),
+    "th_verdict": ("verdict", "结论"),
+    "th_gates": ("gates", "参与判定"),
+    "th_measure": ("measure", "指标"),
+    "th_value": ("value", "数值"),
+    "th_limit": ("limit", "限值"),
+    "th_margin": ("margin", "余量"),
+    "th_level": ("level", "等级"),
+    "th_task": ("task", "任务"),
+    "th_metric": ("metric", "指标"),
+    "th_baseline": ("baseline", "基线"),
+    "th_candidate": ("candidate", "候选"),
+    "th_drop": ("drop", "下降"),
+    "th_start": ("start", "起始位置"),
+    "th_end": ("end", "结束位置"),
+    "th_positions": ("positions", "位置"),
+    "th_tokens": ("tokens", "词元数"),
+    "th_variant": ("variant", "变体"),
+    "th_would_be": ("would-be level", "若参与判定的等级"),
+    "th_unit": ("unit", "单元"),
+    "th_format": ("format", "格式"),
+    "th_predicted_kl": ("predicted KL", "预测 KL"),
+    "th_setting": ("setting", "设置"),
+    "th_quantity": ("quantity", "项目"),
+    "th_review_past": ("REVIEW past", "REVIEW 限值"),
+    "th_nogo_past": ("NO-GO past", "NO-GO 限值"),
+    "th_better": ("better", "方向"),
+    "higher": ("higher", "越高越好"),
+    "lower": ("lower", "越低越好"),
+    "th_module": ("module or tensor", "模块或张量"),
+    "th_finding": ("finding", "发现"),
+    "th_layer": ("layer", "层"),
+    "business_kl": ("kl_mean [95% interval over rows]", "kl_mean [按行的 95% 区间]"),
+    "rows": ("rows", "行数"),
+    "in_calibration": ("in_calibration", "在校准集中"),
+    "repeats": ("repeats", "重复"),
+    "evaluated": ("evaluated", "已评估"),
+    "without_reply": ("without_reply", "无回复"),
+    "scored_tokens": ("scored_tokens", "计分词元"),
+    "yes": ("yes", "是"),
+    "not_gated": ("not gated", "不参与判定"),
+    # sentences and their parts
+    "summary": ("Baseline {baseline}, candidate {candidate}, max length {max_len}{source}, {seconds} s.",
+                "基线 {baseline}，候选 {candidate}，最大长度 {max_len}{source}，用时 {seconds} 秒。"),
+    "summary_html": ("Baseline {baseline}, candidate {candidate}, max length {max_len}{source}.",
+                     "基线 {baseline}，候选 {candidate}，最大长度 {max_len}{source}。"),
+    "margin": ("margin {m}", "余量 {m}"),
+    "over_by": ("over by {m}", "超出 {m}"),
+    "gating_all_slices": ("Every slice gates the decision (no language restriction).",
+                          "所有切片都参与判定（未限定语言）。"),
+    "gating_languages": ("Languages that gate the decision: {langs} (from {source}). Slices in other languages are "
+                         "measured and shown with their would-be level but do not change the decision; business "
+                         "slices and lm-eval tasks always gate.",
+                         "参与判定的语言：{langs}（来自 {source}）。其他语言的切片照常测量并给出假定等级，但不改变结论；"
+                         "业务切片和 lm-eval 任务始终参与判定。"),
+    "source_card": ("the baseline's model card, README.md", "基线的模型卡 README.md"),
+    "source_recipe": ("the recipe's eval.languages", "配方的 eval.languages"),
+    "noise": ("{slice}: {measure} {value} (95% interval over rows {lo}-{hi}) holds its {level} limit {limit}: "
+              "within noise",
+              "{slice}：{measure} {value}（按行的 95% 区间 {lo}-{hi}）包含其 {level} 限值 {limit}，处于噪声范围内"),
+    "variants_note": ("Variants of the candidate on the same windows (information: they do not change the decision):",
+                      "在相同窗口上评估的候选变体（仅供参考，不改变结论）："),
+    "candidate_kv": ("candidate (kv {option})", "候选（kv {option}）"),
+    "not_gated_label": ("{name} (not gated)", "{name}（不参与判定）"),
+    "fallback": ("Checked from the checkpoint alone (layout, finite positive scales, codes on the grid; "
+                 "no reference to compare with):",
+                 "仅依据检查点本身检查（布局、有限且为正的缩放因子、码值落在网格上；没有可比较的参考）："),
+    "excess_grid": ("Worst part's excess over expected error, dB (> 0 is flagged), layer x module kind:",
+                    "最差部分超出预期误差的幅度，dB（> 0 即标记），按层 × 模块类型："),
+    "note": ("note", "注"),
+    "none": ("none", "无"),
+    "nothing": ("nothing", "无"),
+    "integrity_text": ("{n} quantized modules decoded from the candidate's files (the tensors that serve) and compared "
+                       "with the baseline's weights{how}; every other tensor compared with the baseline; {s} s. "
+                       "{flagged} flagged.",
+                       "从候选的文件中解码出 {n} 个量化模块（即推理时实际使用的张量），与基线的权重比较{how}；"
+                       "其余张量也都与基线比较；用时 {s} 秒。标记 {flagged} 项。"),
+    "integrity_how": (", the recorded transforms re-applied on {k} layers", "，并在 {k} 层上重新应用了记录的变换"),
+    "business_checked": ("rows whose content is in the calibration sample ({manifest}{other}) are left out "
+                         "(in_calibration)", "内容出现在校准样本（{manifest}{other}）中的行已剔除（在校准集中）"),
+    "business_other_log": (", drawn from another log", "，来自另一份日志"),
+    "business_unchecked": ("not checked against a calibration sample (--calib-sample)",
+                           "未与校准样本核对（--calib-sample）"),
+    "business_head": ("Business rows from {log}: {said}; repeats of a row already taken are left out; chat rows "
+                      "score their assistant turns only (without_reply: rows with none, their turns scored).",
+                      "业务数据来自 {log}：{said}；已取过的行的重复项已剔除；对话行只对助手回复计分"
+                      "（无回复：没有助手回复的行，对其全部轮次计分）。"),
+    "engine_note": ("Both models were scored inside the serving engine. KL {kl}. Path agreement: the candidate's "
+                    "figures in the engine beside quantkit's own path on up to {tokens} tokens a slice. Not measured "
+                    "in the engine: {missing}.",
+                    "两个模型都在推理引擎中计分。KL：{kl}。路径一致性：候选在引擎中的指标与 quantkit 自身路径的指标并列，"
+                    "每个切片最多 {tokens} 个词元。引擎中未测量：{missing}。"),
+    "mixed_text": ("{bits} bits per planned weight (budget: {budget}), predicted KL {kl} nats per token ({method} "
+                   "score){measured}; {shares}.",
+                   "按方案每个权重 {bits} 位（预算：{budget}），预测 KL 为每词元 {kl} nats（{method} 评分）{measured}；"
+                   "{shares}。"),
+    "mixed_measured": ("; measured mean KL over the gated slices {kl}", "；参与判定切片上实测的平均 KL 为 {kl}"),
+    "mixed_units": ("{fmt} {n} units", "{fmt} {n} 个单元"),
+    "no_cjk_font": ("", "未找到中文字体，图中标注为英文（scripts/setup-browser.sh 会安装 fonts-wqy-zenhei）。"),
+    # plot labels
+    "plot_kl": ("mean KL(baseline || candidate) per token, nats", "每词元平均 KL(基线 || 候选)，nats"),
+    "plot_top1": ("top-1 agreement", "top-1 与基线的一致率"),
+    "plot_context": ("context length (bucket end, tokens)", "上下文长度（分桶终点，词元）"),
+    "plot_mean_kl": ("mean KL, nats", "平均 KL，nats"),
+    "plot_sqnr": ("SQNR, dB (lower = more error)", "SQNR，dB（越低误差越大）"),
+    "plot_layers": ("per-layer quantization error: the layer's modules (as recorded by the algorithm)",
+                    "逐层量化误差：每层各模块（量化算法记录的数值）"),
+    "plot_median": ("median module", "模块中位数"),
+    "plot_range": ("best to worst module", "最好到最差的模块"),
+    "plot_worst": ("worst module", "最差模块"),
+    "plot_modules": ("per-module quantization error (as recorded by the algorithm)", "逐模块量化误差（量化算法记录的数值）"),
+    "plot_module_order": ("module, in layer order", "模块（按层顺序）"),
+    "plot_sqnr_base": ("SQNR vs the baseline, dB", "相对基线的 SQNR，dB"),
+    "plot_excess": ("worst part's excess over expected, dB (> 0: flagged)", "最差部分超出预期的幅度，dB（> 0 即标记）"),
+    "alt_slices": ("per-slice measures", "各切片指标"),
+    "alt_positions": ("KL by position", "按位置的 KL"),
+    "alt_modules": ("per-module error", "逐模块误差"),
+    "alt_integrity": ("integrity heat map", "完整性热力图"),
+    "alt_mixed": ("size against KL", "大小与 KL 的关系"),
+})
+
+#: what a breach of a measure says, in Chinese, for the measures whose record carries a meaning
+MEANING_ZH = {
+    "the engine computes something other than the checkpoint describes": "引擎的计算与检查点描述的不一致",
+}
+
+
+def gating_source(source: object, words) -> str:
+    """Where the gating languages came from, in the report's language."""
+    known = {"model card": "source_card", "eval.languages": "source_recipe"}
+    return words(known[source]) if source in known else str(source)
