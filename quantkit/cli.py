@@ -73,8 +73,8 @@ def convert(
     nproc: Optional[str] = typer.Option(None, "--nproc", help="Data-parallel calibration on this many local ranks "
                                         "(launches torchrun; gloo on the CPU, NCCL on GPUs): each runs a share of the "
                                         "calibration batches, statistics are all-reduced, rank 0 writes."),
-    lang: str = typer.Option("en", "--lang", help="Language of the model card (README.md in the output): en or "
-                             "zh. The front matter is the same in both."),
+    lang: str = typer.Option("en", "--lang", help="Language of the model card (README.md in the output) and of the "
+                             "evaluation report: en or zh. The card's front matter and report.json are the same in both."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
     flags = ConvertFlags(model, recipe, out, calib, group_size, ignore or [], num_samples, max_seq_len, overwrite,
@@ -254,7 +254,7 @@ def _smallest_go(f: ConvertFlags, r, out: Path, device: str, progress, say):
         raise QuantkitError("--budget go: --resume continues one conversion, not a search; drop --resume")
 
     def verdict(folder: Path) -> str:
-        report = _evaluate(f.model, folder, r, f.calib)
+        report = _evaluate(f.model, folder, r, f.calib, f.lang)
         return json.loads((report / "report.json").read_text(encoding="utf-8"))["decision"]
 
     options = ConvertOptions(ignore=f.ignore, device=device, progress=progress, trust_remote_code=f.trust_remote_code,
@@ -295,18 +295,16 @@ def _interrupted(e: KeyboardInterrupt, sig: signal.Signals) -> None:
     raise typer.Exit(code=128 + sig)
 
 
-def _evaluate(model, path: Path, recipe, calib: str | None) -> Path:
+def _evaluate(model, path: Path, recipe, calib: str | None, lang: str | None = None) -> Path:
     """The evaluation convert runs on a checkpoint it wrote (after the conversion, or for each plan
-    of ``--budget go``); its report folder. The one place convert starts an evaluation: the
-    report's language goes here, from ``--lang``, once ``evaluate_checkpoint`` takes one (until
-    then the report is English while the card follows ``--lang``)."""
+    of ``--budget go``); its report folder, in ``--lang`` as the model card."""
     from quantkit.evaluation import evaluate_checkpoint
 
-    return evaluate_checkpoint(model, path, recipe, calib)
+    return evaluate_checkpoint(model, path, recipe, calib, lang or "en")
 
 
 def _maybe_eval(model, path: Path, recipe, calib: str | None, lang: str | None = None) -> None:
-    _evaluate(model, path, recipe, calib)
+    _evaluate(model, path, recipe, calib, lang)
     _card_with_verdict(path, lang)
 
 

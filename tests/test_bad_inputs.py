@@ -217,7 +217,7 @@ def device_tpu(w, tmp):
 
 @case
 def card_language_unknown(w, tmp):
-    return convert(w.model, tmp, "--lang", "zh-TW"), "--lang: no model card in 'zh-TW'; one of en, zh"
+    return convert(w.model, tmp, "--lang", "zh-TW"), "--lang: expected one of en, zh, got 'zh-TW'"
 
 
 @case

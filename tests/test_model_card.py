@@ -135,7 +135,7 @@ def test_a_base_card_with_the_other_languages_headings_is_read_back_as_it_was():
 
 
 def test_an_unknown_card_language_is_refused_when_the_options_are_built():
-    with pytest.raises(quantkit.QuantkitError, match="lang: no model card in 'fr'; one of en, zh"):
+    with pytest.raises(quantkit.QuantkitError, match="lang: expected one of en, zh, got 'fr'"):
         quantkit.ConvertOptions(lang="fr")
 
 

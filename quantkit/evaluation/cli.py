@@ -200,8 +200,9 @@ def _checkpoint_bits(ckpt: Path) -> str | None:
     return None
 
 
-def evaluate_checkpoint(model, path: Path, recipe, calib: str | Path | None = None) -> Path:
-    """What ``quantkit convert`` runs after writing ``path``: the report goes to ``path/eval``.
+def evaluate_checkpoint(model, path: Path, recipe, calib: str | Path | None = None, lang: str = "en") -> Path:
+    """What ``quantkit convert`` runs after writing ``path``: the report goes to ``path/eval``, in
+    ``lang`` (convert's ``--lang``, which also sets the model card's).
 
     ``calib``, the user's traffic log the conversion drew its calibration set from, adds the
     business slices, without the drawn rows (their hashes are in ``path/quantization_log.json``).
@@ -216,7 +217,7 @@ def evaluate_checkpoint(model, path: Path, recipe, calib: str | Path | None = No
     policy = OutputPolicy("eval", {"baseline model": model, "calibration log": log}, slot=slot)
     result = evaluate_paths(model, path, eval_section=dict(getattr(recipe, "eval", {}) or {}),
                             calibration_log=log, calibration_sample=path if log is not None else None)
-    out = result.save(slot, overwrite=True, policy=policy)
+    out = result.save(slot, overwrite=True, policy=policy, lang=lang)
     typer.echo(f"evaluation: {result.decision} -> {out / 'report.html'}")
     for w in result.warnings:
         typer.echo(f"  warning: {w}")

@@ -23,8 +23,9 @@ from typing import Any
 
 import yaml
 
+from quantkit.common import i18n
+from quantkit.common.i18n import LANGUAGES
 from quantkit.config.safe_yaml import load_yaml_text
-from quantkit.errors import QuantkitError
 
 CARD = "README.md"
 BASE_CARD_HEADING = "## The base model's card"
@@ -174,21 +175,19 @@ TEXTS: dict[str, CardText] = {
                     "attn_head": "按注意力头", "block": "按块", "tensor_group": "按张量组"},
         types={"int": "整数", "float": "浮点"}, sep="、"),
 }
-LANGUAGES = tuple(TEXTS)
+assert tuple(TEXTS) == LANGUAGES, "a model card in every report language"
 
 
 def check_lang(lang: object, name: str = "--lang") -> str:
-    """``lang`` when the card can be written in it, else a one-line error naming ``name``.
+    """``lang`` when the card (and the reports) can be written in it, else a one-line error naming ``name``.
 
     >>> check_lang("zh")
     'zh'
     >>> check_lang("fr")
     Traceback (most recent call last):
-    quantkit.errors.QuantkitError: --lang: no model card in 'fr'; one of en, zh
+    quantkit.errors.QuantkitError: --lang: expected one of en, zh, got 'fr'
     """
-    if lang not in TEXTS:
-        raise QuantkitError(f"{name}: no model card in {lang!r}; one of {', '.join(LANGUAGES)}")
-    return str(lang)
+    return i18n.check_lang(lang, name)
 
 
 def _per(t: CardText, strategy: object) -> str:

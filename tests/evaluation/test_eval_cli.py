@@ -71,6 +71,14 @@ def test_evaluate_checkpoint_uses_the_recipe_eval_section(folders):
     assert json.loads((out / "report.json").read_text())["meta"]["suite"] == ["numbers-en", "long-en"]
 
 
+def test_convert_lang_writes_the_evaluation_report_in_chinese(folders):
+    # convert --lang zh: the model card and the evaluation convert runs are in one language
+    out = evaluate_checkpoint(str(folders / "base"), folders / "w8a16", load_recipe(folders / "recipe.yaml"),
+                              lang="zh")
+    assert json.loads((out / "report.json").read_text())["meta"]["lang"] == "zh"
+    assert (out / "report.md").read_text().startswith("# quantkit 评估结论")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--candidate", "/nonexistent/ckpt"], "/nonexistent/ckpt: not a model folder"),
     (["--suite", "numbers-xx"], "--suite: unknown slice 'numbers-xx'"),
