@@ -1,6 +1,7 @@
 """The load test's report: ``report.json`` (the data), ``report.md`` and ``report.html`` (with
 plots), staged and renamed into place like every quantkit output; an incomplete run says so at
-the top of all three."""
+the top of all three. The words are in English or Chinese (``lang``); report.json is the same in
+both but for ``lang``."""
 from __future__ import annotations
 
 import base64
@@ -10,9 +11,58 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog, Words
 from quantkit.common.jsonio import dumps_strict
 from quantkit.common.markdown import md_row
 from quantkit.common.outputs import OutputPolicy, ordinary_permissions
+from quantkit.common.plotfonts import plot_language
+
+WORDS = Catalog({
+    "title": ("Load test", "负载测试"),
+    "incomplete": ("INCOMPLETE: the run ended early; the steps below are the ones that completed.",
+                   "未完成：运行提前结束；下面只列出已完成的阶梯。"),
+    "knee": ("{role}: knee at concurrency {knee}, run at {rec}", "{role}：拐点在并发 {knee}，建议按 {rec} 运行"),
+    "no_knee": ("{role}: no knee found", "{role}：未找到拐点"),
+    "ramp_tail": ("; best goodput {goodput} req/s; stopped: {stopped}", "；最佳有效吞吐 {goodput} 请求/秒；停止原因：{stopped}"),
+    "not_stopped": ("not stopped", "未停止"),
+    "ramp_incomplete": (" (incomplete)", "（未完成）"),
+    "predicted": ("{role}: the memory account predicts {pred} requests at {len} tokens; the engine allocated room for "
+                  "{eng} (max_num_seqs {seqs})",
+                  "{role}：显存账本预测 {len} token 的请求可容纳 {pred} 个；引擎实际分配的 KV 缓存可容纳 {eng} 个"
+                  "（max_num_seqs {seqs}）"),
+    "too_long": ("{role}: {n} drawn requests exceeded the served context ({len} tokens) and were not sent",
+                 "{role}：抽取的请求中有 {n} 个超过服务上下文（{len} token），未发送"),
+    "speedup": ("speedup of the candidate: {knee}x output tokens/s at the knee, {goodput}x best goodput under the SLO",
+                "候选模型的加速比：拐点处输出吞吐 {knee} 倍，SLO 下最佳有效吞吐 {goodput} 倍"),
+    "slo": ("SLO: {terms}.", "延迟目标（SLO）：{terms}。"),
+    "steps": ("Steps: {role}", "阶梯：{role}"),
+    "tool": ("Load generator: {tool}.", "负载生成工具：{tool}。"),
+    "lengths": ("Lengths: the log and the fit", "长度：日志与拟合"),
+    "plots": ("Throughput, goodput and latency against concurrency", "吞吐、有效吞吐与延迟随并发的变化"),
+    "concurrency": ("concurrency", "并发"),
+    "requests": ("requests", "请求数"),
+    "errors": ("errors", "错误"),
+    "rps": ("req/s", "请求/秒"),
+    "tps": ("output tok/s", "输出 token/秒"),
+    "goodput": ("goodput req/s", "有效吞吐 请求/秒"),
+    "direction": ("direction", "方向"),
+    "rows": ("rows", "行数"),
+    "log_fit": ("{q} log / fit (error)", "{q} 日志 / 拟合（误差）"),
+    "sent": ("{role} sent P50 / P90 / P99", "{role} 实际发送 P50 / P90 / P99"),
+    "prompt": ("prompt", "提示"),
+    "output": ("output", "输出"),
+    "baseline": ("baseline", "基线"),
+    "candidate": ("candidate", "候选"),
+    "throughput_title": ("Output throughput", "输出吞吐"),
+    "goodput_title": ("Goodput under the SLO", "SLO 下的有效吞吐"),
+    "lengths_title": ("{name} lengths", "{name}长度"),
+    "tokens": ("{name} tokens", "{name} token 数"),
+    "quantile": ("quantile", "分位"),
+    "fit": ("log-normal fit", "对数正态拟合"),
+    "log": ("log", "日志"),
+    "no_cjk_font": ("The plots are labelled in English: this machine has no font with Chinese glyphs.",
+                    "本机没有中文字体，图中标注为英文。"),
+})
 
 LATENCY_COLUMNS = (("ttft_ms", "TTFT ms"), ("tpot_ms", "TPOT ms"), ("itl_ms", "ITL ms"), ("e2e_ms", "E2E ms"))
 
@@ -34,9 +84,9 @@ def _pcts(d: dict | None) -> str:
     return "-" if not d else " / ".join(sig(d[k]) for k in ("p50", "p90", "p99"))
 
 
-def step_rows(ramp: dict) -> tuple[list[str], list[list[str]]]:
+def step_rows(ramp: dict, w: Words = WORDS.bind(DEFAULT_LANG)) -> tuple[list[str], list[list[str]]]:
     """The steps table: one row a step, latencies as P50 / P90 / P99."""
-    head = ["concurrency", "requests", "errors", "req/s", "output tok/s", "goodput req/s",
+    head = [w("concurrency"), w("requests"), w("errors"), w("rps"), w("tps"), w("goodput"),
             *(f"{label} P50 / P90 / P99" for _, label in LATENCY_COLUMNS)]
     rows = [[str(s["concurrency"]), str(s["requests"]), str(s["errors"]), sig(s["requests_per_s"]),
              sig(s["output_tokens_per_s"]), sig(s["goodput_rps"]), *(_pcts(s.get(k)) for k, _ in LATENCY_COLUMNS)]
@@ -44,103 +94,116 @@ def step_rows(ramp: dict) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
-def length_rows(data: dict) -> tuple[list[str], list[list[str]]]:
+def length_rows(data: dict, w: Words = WORDS.bind(DEFAULT_LANG)) -> tuple[list[str], list[list[str]]]:
     """Per direction: the log's quantiles, the fit's (and its error), and the tokens the server
     counted for the requests sent (per ramp; without those too long for the served context)."""
     ramps = [r for r in data["ramps"] if any((r.get("sent") or {}).values())]
-    head = ["direction", "rows", "mu", "sigma", *(f"{q} log / fit (error)" for q in ("P50", "P90", "P99")),
-            *(f"{r['role']} sent P50 / P90 / P99" for r in ramps)]
+    head = [w("direction"), w("rows"), "mu", "sigma", *(w("log_fit", q=q) for q in ("P50", "P90", "P99")),
+            *(w("sent", role=w(r["role"])) for r in ramps)]
     rows = []
     for name, s in data["lengths"].items():
         cells = [f"{sig(s[q]['empirical'])} / {sig(s[q]['fitted'])} ({s[q]['error'] * 100:+.1f}%)"
                  if s[q]["error"] is not None else "-" for q in ("p50", "p90", "p99")]
-        rows.append([name, str(s["n"]), sig(s["mu"]), sig(s["sigma"]), *cells,
+        rows.append([w(name), str(s["n"]), sig(s["mu"]), sig(s["sigma"]), *cells,
                      *(_pcts(r["sent"].get(name)) for r in ramps)])
     return head, rows
 
 
-def summary_lines(data: dict) -> list[str]:
+def summary_lines(data: dict, w: Words = WORDS.bind(DEFAULT_LANG)) -> list[str]:
     """The findings at the top: per model its knee, recommendation, best goodput and why it
     stopped; the speedup; an incomplete run first of all."""
-    out = []
-    if not data["complete"]:
-        out.append("INCOMPLETE: the run ended early; the steps below are the ones that completed.")
+    out = [w("incomplete")] if not data["complete"] else []
     for r in data["ramps"]:
+        role = w(r["role"])
         knee = r["knee"]
-        out.append(f"{r['role']}: knee at concurrency {knee}, run at {r['recommended_concurrency']}"
-                   if knee else f"{r['role']}: no knee found")
-        out[-1] += (f"; best goodput {sig(r['best_goodput_rps'])} req/s; stopped: {r['stopped'] or 'not stopped'}"
-                    + ("" if r["complete"] else " (incomplete)"))
+        out.append(w("knee", role=role, knee=knee, rec=r["recommended_concurrency"]) if knee else
+                   w("no_knee", role=role))
+        out[-1] += (w("ramp_tail", goodput=sig(r["best_goodput_rps"]), stopped=r["stopped"] or w("not_stopped"))
+                    + ("" if r["complete"] else w("ramp_incomplete")))
         eng = r.get("engine") or {}
         if eng.get("predicted_concurrency") is not None:
-            out.append(f"{r['role']}: the memory account predicts {eng['predicted_concurrency']} requests at "
-                       f"{data['max_model_len']} tokens; the engine allocated room for "
-                       f"{sig(eng.get('max_concurrency'))} (max_num_seqs {eng['launch_config']['max_num_seqs']})")
+            out.append(w("predicted", role=role, pred=eng["predicted_concurrency"], len=data["max_model_len"],
+                         eng=sig(eng.get("max_concurrency")), seqs=eng["launch_config"]["max_num_seqs"]))
         if eng.get("too_long_for_context"):
-            out.append(f"{r['role']}: {eng['too_long_for_context']} drawn requests exceeded the served context "
-                       f"({data['max_model_len']} tokens) and were not sent")
+            out.append(w("too_long", role=role, n=eng["too_long_for_context"], len=data["max_model_len"]))
     sp = data.get("speedup")
     if sp:
-        out.append(f"speedup of the candidate: {sig(sp['output_tokens_per_s_at_knee'])}x output tokens/s at the "
-                   f"knee, {sig(sp['goodput'])}x best goodput under the SLO")
+        out.append(w("speedup", knee=sig(sp["output_tokens_per_s_at_knee"]), goodput=sig(sp["goodput"])))
     return out
 
 
-def markdown(data: dict) -> str:
+def markdown(data: dict, lang: str = DEFAULT_LANG) -> str:
+    w = WORDS.bind(lang)
     slo = ", ".join(f"{k.removesuffix('_ms')} <= {sig(v)} ms" for k, v in data["slo"].items())
-    lines = ["# Load test", "", *(f"- {x}" for x in summary_lines(data)), "", f"SLO: {slo}.", ""]
+    lines = [f"# {w('title')}", "", *(f"- {x}" for x in summary_lines(data, w)), "", w("slo", terms=slo), ""]
     for r in data["ramps"]:
-        head, rows = step_rows(r)
-        lines += [f"## Steps: {r['role']}", "", f"Load generator: {r.get('tool') or '-'}.", "",
+        head, rows = step_rows(r, w)
+        lines += [f"## {w('steps', role=w(r['role']))}", "", w("tool", tool=r.get("tool") or "-"), "",
                   md_row(head), md_row(["---"] * len(head)), *(md_row(x) for x in rows), ""]
-    head, rows = length_rows(data)
-    lines += ["## Lengths: the log and the fit", "", md_row(head), md_row(["---"] * len(head)),
+    head, rows = length_rows(data, w)
+    lines += [f"## {w('lengths')}", "", md_row(head), md_row(["---"] * len(head)),
               *(md_row(x) for x in rows), ""]
     return "\n".join(lines)
 
 
-def plots(data: dict) -> dict[str, str]:
-    """Base64 PNGs: throughput and goodput, latency percentiles, lengths (log against fit)."""
+def plots(data: dict, lang: str = DEFAULT_LANG) -> tuple[dict[str, str], str]:
+    """Base64 PNGs (throughput and goodput, latency percentiles, lengths against the fit) and the
+    language they are labelled in (English where a Chinese font is missing)."""
+    with plot_language(lang) as drawn:
+        w = WORDS.bind(drawn)
+        return {"throughput": _throughput_png(data, w), "latency": _latency_png(data, w),
+                "lengths": _lengths_png(data, w)}, drawn
+
+
+def _figure():
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     from matplotlib.figure import Figure
 
-    out = {}
-    fig = Figure(figsize=(9, 3.2), dpi=90)
+    return Figure(figsize=(9, 3.2), dpi=90)
+
+
+def _throughput_png(data: dict, w: Words) -> str:
+    fig = _figure()
     ax1, ax2 = fig.subplots(1, 2)
     for r in data["ramps"]:
         cs = [s["concurrency"] for s in r["steps"]]
-        ax1.plot(cs, [s["output_tokens_per_s"] for s in r["steps"]], marker="o", label=f"{r['role']} output tok/s")
-        ax2.plot(cs, [s["goodput_rps"] for s in r["steps"]], marker="o", label=f"{r['role']} goodput req/s")
-    for ax, title in ((ax1, "Output throughput"), (ax2, "Goodput under the SLO")):
-        _concurrency_axis(ax, title)
-    out["throughput"] = _png(fig)
-    fig = Figure(figsize=(9, 3.2), dpi=90)
-    axes = fig.subplots(1, 2)
-    for ax, key, title in ((axes[0], "tpot_ms", "TPOT ms"), (axes[1], "ttft_ms", "TTFT ms")):
+        ax1.plot(cs, [s["output_tokens_per_s"] for s in r["steps"]], marker="o", label=w(r["role"]))
+        ax2.plot(cs, [s["goodput_rps"] for s in r["steps"]], marker="o", label=w(r["role"]))
+    _concurrency_axis(ax1, w("throughput_title") + " (" + w("tps") + ")", w)
+    _concurrency_axis(ax2, w("goodput_title") + " (" + w("rps") + ")", w)
+    return _png(fig)
+
+
+def _latency_png(data: dict, w: Words) -> str:
+    fig = _figure()
+    for ax, key, title in zip(fig.subplots(1, 2), ("tpot_ms", "ttft_ms"), ("TPOT ms", "TTFT ms")):
         for r in data["ramps"]:
             cs = [s["concurrency"] for s in r["steps"] if s.get(key)]
             for q, style in (("p50", "-"), ("p99", "--")):
-                ax.plot(cs, [s[key][q] for s in r["steps"] if s.get(key)], style, marker="o", label=f"{r['role']} {q}")
-        _concurrency_axis(ax, title)
-    out["latency"] = _png(fig)
-    fig = Figure(figsize=(9, 3.2), dpi=90)
+                ax.plot(cs, [s[key][q] for s in r["steps"] if s.get(key)], style, marker="o",
+                        label=f"{w(r['role'])} {q.upper()}")
+        _concurrency_axis(ax, title, w)
+    return _png(fig)
+
+
+def _lengths_png(data: dict, w: Words) -> str:
+    fig = _figure()
     for ax, (name, s) in zip(fig.subplots(1, 2), data["lengths"].items()):
-        ax.plot(s["curve"]["empirical"], s["curve"]["q"], marker=".", label="log")
-        ax.plot(s["curve"]["fitted"], s["curve"]["q"], label="log-normal fit")
+        ax.plot(s["curve"]["empirical"], s["curve"]["q"], marker=".", label=w("log"))
+        ax.plot(s["curve"]["fitted"], s["curve"]["q"], label=w("fit"))
         ax.set_xscale("log")
-        ax.set_xlabel(f"{name} tokens")
-        ax.set_ylabel("quantile")
-        ax.set_title(f"{name.capitalize()} lengths", fontsize=10)
+        ax.set_xlabel(w("tokens", name=w(name)))
+        ax.set_ylabel(w("quantile"))
+        ax.set_title(w("lengths_title", name=w(name)), fontsize=10)
         ax.legend(fontsize=7)
-    out["lengths"] = _png(fig)
-    return out
+    return _png(fig)
 
 
-def _concurrency_axis(ax, title: str) -> None:
+def _concurrency_axis(ax, title: str, w: Words) -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
+    ax.set_xlabel(w("concurrency"))
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
 
@@ -159,38 +222,41 @@ def _table(head: list[str], rows: list[list[str]]) -> str:
 
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1180px;margin:1em auto;padding:0 1em}"
-         "table{border-collapse:collapse;font-size:13px;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;"
+         "table{border-collapse:collapse;font-size:12px;margin:.5em 0;max-width:100%}td,th{border:1px solid #ccc;padding:2px 6px;"
          "text-align:right}th{background:#f3f3f3}img{max-width:100%}.bad{color:#b00020;font-weight:bold}")
 
 
-def render_html(data: dict, images: dict[str, str]) -> str:
-    e = html.escape
-    parts = ["<!doctype html><html><head><meta charset='utf-8'><title>quantkit load test</title>",
-             f"<style>{STYLE}</style></head><body><h1>Load test</h1><ul>"]
-    for line in summary_lines(data):
-        cls = " class='bad'" if line.startswith("INCOMPLETE") else ""
+def render_html(data: dict, lang: str = DEFAULT_LANG) -> str:
+    e, w = html.escape, WORDS.bind(lang)
+    images, drawn = plots(data, lang)
+    parts = [f"<!doctype html><html lang='{HTML_LANG[lang]}'><head><meta charset='utf-8'>"
+             f"<meta name='viewport' content='width=device-width'><title>quantkit {e(w('title'))}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{e(w('title'))}</h1><ul>"]
+    for line in summary_lines(data, w):
+        cls = " class='bad'" if line == w("incomplete") else ""
         parts.append(f"<li{cls}>{e(line)}</li>")
     parts.append("</ul>")
     for r in data["ramps"]:
-        parts += [f"<h2>Steps: {e(r['role'])}</h2>", _table(*step_rows(r))]
-    parts += ["<h2>Throughput, goodput and latency against concurrency</h2>",
+        parts += [f"<h2>{e(w('steps', role=w(r['role'])))}</h2>", _table(*step_rows(r, w))]
+    parts += [f"<h2>{e(w('plots'))}</h2>",
+              *([f"<p>{e(w('no_cjk_font'))}</p>"] if drawn != lang else []),
               f"<img alt='throughput' src='data:image/png;base64,{images['throughput']}'>",
               f"<img alt='latency' src='data:image/png;base64,{images['latency']}'>",
-              "<h2>Lengths: the log and the fit</h2>", _table(*length_rows(data)),
+              f"<h2>{e(w('lengths'))}</h2>", _table(*length_rows(data, w)),
               f"<img alt='lengths' src='data:image/png;base64,{images['lengths']}'>", "</body></html>"]
     return "".join(parts)
 
 
-def save(data: dict, out_dir: Path, policy: OutputPolicy, overwrite: bool = False) -> Path:
+def save(data: dict, out_dir: Path, policy: OutputPolicy, overwrite: bool = False, lang: str = DEFAULT_LANG) -> Path:
     """The three reports, staged beside ``out_dir`` and renamed into place under ``policy``."""
-    out_dir = Path(out_dir)
+    out_dir, data = Path(out_dir), {**data, "lang": lang}
     policy.check(out_dir, overwrite)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         (tmp / "report.json").write_text(dumps_strict(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-        (tmp / "report.md").write_text(markdown(data), encoding="utf-8")
-        (tmp / "report.html").write_text(render_html(data, plots(data)), encoding="utf-8")
+        (tmp / "report.md").write_text(markdown(data, lang), encoding="utf-8")
+        (tmp / "report.html").write_text(render_html(data, lang), encoding="utf-8")
         policy.stamp(tmp)
         ordinary_permissions(tmp)
         policy.replace(tmp, out_dir, overwrite)

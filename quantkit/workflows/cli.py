@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from quantkit.common.i18n import check_lang
 from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.errors import QuantkitError
 from quantkit.loadtest.ramp import RampPolicy
@@ -49,6 +50,7 @@ def loadtest_command(
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the launch config's account (vLLM on a GPU)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the drawn requests (the same for the baseline and the candidate)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit loadtest report."),
+    lang: str = typer.Option("en", "--lang", help="Language of report.md and report.html: en or zh (report.json is the same)."),
 ):
     """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
     knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
@@ -59,6 +61,7 @@ def loadtest_command(
                                        "baseline model": existing_path(baseline)})
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
+        check_lang(lang)
         opts = LoadtestOptions(model, traffic, parse_slo(slo), out, engine, engine_python, endpoint, baseline,
                                baseline_endpoint, RampPolicy(max_concurrency=max_concurrency, min_requests=min_requests,
                                                              max_seconds=max_minutes * 60),
@@ -70,14 +73,14 @@ def loadtest_command(
         _fail(str(e))
     except LoadtestInterrupted as e:
         if any(r["steps"] for r in e.data["ramps"]):
-            report.save(e.data, out, policy, overwrite)
+            report.save(e.data, out, policy, overwrite, lang)
             typer.echo(f"incomplete report (the steps that completed): {out / 'report.html'}", err=True)
         _fail(str(e), 130 if isinstance(e.cause, KeyboardInterrupt) else 2)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    path = report.save(data, out, policy, overwrite)
+    path = report.save(data, out, policy, overwrite, lang)
     typer.echo(f"load test: {path / 'report.html'}")
-    for line in report.summary_lines(data):
+    for line in report.summary_lines(data, report.WORDS.bind(lang)):
         typer.echo(f"  {line}")
 
 
