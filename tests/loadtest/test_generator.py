@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import os
+import signal
+import subprocess
 import sys
 import sysconfig
 import time
@@ -150,6 +152,38 @@ def test_the_tool_is_stopped_at_its_timeout(smollm2_dir, tmp_path):
             _step(stub.url, _requests(4), 1, tmp_path, smollm2_dir, timeout_s=3)
         assert time.monotonic() - start < 20
     assert not _left(str(tmp_path / "c1"))
+
+
+INTERRUPTED = """
+import sys
+from pathlib import Path
+from quantkit.loadtest.generator import LoadRequest, run_step
+from stub_server import StubServer, StubTimings
+with StubServer(StubTimings(ttft_s=0.01, token_s=0.5)) as stub:
+    try:
+        run_step(stub.url, "stub-model", [LoadRequest("a b", 2, 50)] * 4, 1, timeout_s=600,
+                 workdir=Path(sys.argv[1]), tokenizer_dir=Path(sys.argv[2]))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+"""
+
+
+def test_ctrl_c_stops_the_tool(smollm2_dir, tmp_path):
+    """Ctrl-C while the tool runs (its requests take 25 s each) stops it and all it started."""
+    work = tmp_path / "step"
+    tool = str(work / "requests-c1.jsonl")   # on the tool's command line only
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED, str(work), str(smollm2_dir)], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not _left(tool) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _left(tool), "the tool never started"
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert "interrupted" in out
+    assert not _left(tool)
 
 
 def test_token_id_prompts_go_as_the_text_that_tokenizes_back_to_them(smollm2_dir):
