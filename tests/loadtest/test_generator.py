@@ -25,7 +25,9 @@ from quantkit.serving.client import EngineError
 from quantkit.serving.vllm import ServeOptions, find_engine, free_port, serve
 from stub_server import StubServer, StubTimings
 
-TTFT, TOKEN, SLOTS = 0.05, 0.02, 4
+# the time to first token, as measured, also holds the request's trip through HTTP (1-5 ms here,
+# more on a loaded machine): 100 ms keeps that well inside the 10% the test allows
+TTFT, TOKEN, SLOTS = 0.1, 0.02, 4
 
 
 def _requests(n: int, words: int = 8, vary: bool = True) -> list[LoadRequest]:
@@ -76,7 +78,7 @@ def test_planted_timings_are_measured_at_concurrency_1(ramp):
     tpot = sorted(t["tpot"] for t in step.timings)[len(step.timings) // 2]
     assert abs(ttft - TTFT) / TTFT < 0.10, ttft
     assert abs(tpot - TOKEN) / TOKEN < 0.10, tpot
-    assert abs(step.timings[0]["itl"] - TOKEN) / TOKEN < 0.10
+    assert abs(step.timings[0]["itl"] - TOKEN) / TOKEN < 0.10, step.timings[0]
     # one stream cannot beat one token per TPOT
     assert sum(t["output_tokens"] for t in step.timings) / step.seconds <= 1 / TOKEN
     assert step.tool.startswith("vllm bench serve ") and step.startup_s > 0
