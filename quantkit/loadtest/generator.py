@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import QuantkitError
+from quantkit.loadtest.requests import LoadRequest, round_trip_text
 from quantkit.serving.client import EngineError, request
 from quantkit.serving.processes import stop_session
 
@@ -40,16 +41,6 @@ RUNNER = ("import sys, vllm; print('quantkit-tool-version', vllm.__version__, fl
           "from vllm.benchmarks.serve import add_cli_args, main; "
           "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 ERROR_LINE = re.compile(r"(Error|Exception|error:|ERROR)")
-
-
-@dataclass(frozen=True)
-class LoadRequest:
-    """One request: the prompt the server gets (token ids are decoded to the text that tokenizes
-    back to them), its length in tokens, and the reply's length, enforced with ``max_tokens`` and
-    ``ignore_eos``."""
-    prompt: list[int] | str
-    prompt_tokens: int
-    output_tokens: int
 
 
 @dataclass(frozen=True)
@@ -82,11 +73,10 @@ def prompt_texts(requests: list[LoadRequest], tokenizer: Any) -> list[str]:
         if isinstance(r.prompt, str):
             out.append(r.prompt)
             continue
-        text = tokenizer.decode(r.prompt, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        back = tokenizer(text)["input_ids"]
-        if back != list(r.prompt):
-            raise QuantkitError(f"request {i}: its {len(r.prompt)} token ids decode to a text of {len(back)} "
-                                "tokens: the server would see another prompt")
+        text = round_trip_text(tokenizer, list(r.prompt))
+        if text is None:
+            raise QuantkitError(f"request {i}: its {len(r.prompt)} token ids decode to a text that tokenizes "
+                                "otherwise: the server would see another prompt")
         out.append(text)
     return out
 

@@ -4,8 +4,11 @@ Each request's prompt length and output length are drawn (with a seed) from the 
 to the log (lengths.py). Its prompt is made of the log's own prompts, as token ids: starting at a
 row picked with the seed, the rendered prompts of that row and the rows after it are joined until
 the drawn length is reached, then cut there. A request thus begins as a real one does (template,
-system prompt), so prefix caching meets the sharing real traffic has, and its length is exact:
-token ids are sent, not text that the server would tokenize again.
+system prompt), so prefix caching meets the sharing real traffic has. The load generator sends
+text, so the cut tokens are decoded and kept only when the text tokenizes back to exactly them
+(a cut inside a character's bytes, or a join the tokenizer merges, would change the length):
+otherwise the window moves on by a token, up to ``SHIFTS`` times, and the request is drawn anew
+after that (counted). The server thus sees exactly the drawn number of prompt tokens.
 
 The output length is enforced with ``max_tokens`` and the engine's ignore-EOS option. A request
 whose prompt and output exceed the served context is counted (``too_long``) and not sent: it is
@@ -19,11 +22,13 @@ from typing import Any, Iterator
 
 from quantkit.loadtest.lengths import LogNormal
 
+SHIFTS = 8   # tokens a window may move on to find a cut whose text tokenizes back to itself
+
 
 @dataclass(frozen=True)
 class LoadRequest:
     """One request as the server gets it."""
-    prompt: list[int]
+    prompt: list[int] | str    # text that tokenizes to exactly ``prompt_tokens`` ids, or the ids
     prompt_tokens: int
     output_tokens: int
 
@@ -42,29 +47,37 @@ def prompt_ids(prompts: list[str], tokenizer: Any) -> list[list[int]]:
     return [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
 
 
-def joined_prompt(rows: list[list[int]], start: int, length: int) -> list[int]:
-    """``length`` tokens from the log's prompts joined from row ``start`` on (wrapping round).
+def joined_prompt(rows: list[list[int]], start: int, length: int, skip: int = 0) -> list[int]:
+    """``length`` tokens from the log's prompts joined from row ``start`` on (wrapping round),
+    after the first ``skip`` of them.
 
-    >>> joined_prompt([[1, 2], [3], [4, 5, 6]], 1, 5)
-    [3, 4, 5, 6, 1]
+    >>> joined_prompt([[1, 2], [3], [4, 5, 6]], 1, 5), joined_prompt([[1, 2], [3], [4, 5, 6]], 1, 2, skip=1)
+    ([3, 4, 5, 6, 1], [4, 5])
     """
     out: list[int] = []
     i = start
-    while len(out) < length:
+    while len(out) < length + skip:
         out.extend(rows[i % len(rows)])
         i += 1
-    return out[:length]
+    return out[skip:skip + length]
+
+
+def round_trip_text(tokenizer: Any, ids: list[int]) -> str | None:
+    """The text of ``ids`` when it tokenizes back to exactly ``ids``, else None."""
+    text = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    return text if tokenizer(text)["input_ids"] == list(ids) else None
 
 
 class RequestStream:
     """An endless, reproducible sequence of requests: the same seed gives the same requests in
     the same order, so a baseline and a candidate get exactly the same load."""
 
-    def __init__(self, rows: list[list[int]], model: LengthModel, seed: int = 0) -> None:
+    def __init__(self, rows: list[list[int]], model: LengthModel, seed: int = 0, tokenizer: Any = None) -> None:
         if not rows or not any(rows):
             raise ValueError("no prompt tokens to build requests from")
-        self.rows, self.model, self.seed = rows, model, seed
+        self.rows, self.model, self.seed, self.tokenizer = rows, model, seed, tokenizer
         self.too_long = 0
+        self.no_clean_cut = 0   # drawn anew: no window of the drawn length tokenized back to itself
         self._drawn = self._draw()
 
     def _draw(self) -> Iterator[LoadRequest]:
@@ -76,7 +89,20 @@ class RequestStream:
             if p + o > self.model.max_model_len:
                 self.too_long += 1
                 continue
-            yield LoadRequest(joined_prompt(self.rows, start, p), p, o)
+            prompt = self._prompt(start, p)
+            if prompt is None:
+                self.no_clean_cut += 1
+                continue
+            yield LoadRequest(prompt, p, o)
+
+    def _prompt(self, start: int, length: int) -> list[int] | str | None:
+        if self.tokenizer is None:
+            return joined_prompt(self.rows, start, length)
+        for skip in range(SHIFTS):
+            text = round_trip_text(self.tokenizer, joined_prompt(self.rows, start, length, skip))
+            if text is not None:
+                return text
+        return None
 
     def take(self, n: int) -> list[LoadRequest]:
         """The next ``n`` requests that fit the served context."""

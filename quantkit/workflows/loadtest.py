@@ -235,9 +235,10 @@ def loadtest(opts: LoadtestOptions, runner_for: Callable[[Endpoint, Path], StepR
                 ramp.engine = info
                 # a server that serves less context than the model's: requests that fit it
                 served_len = min(max_len, ep.max_model_len or max_len)
-                stream = RequestStream(rows, replace(lengths, max_model_len=served_len), opts.seed)
+                stream = RequestStream(rows, replace(lengths, max_model_len=served_len), opts.seed, tok)
                 run_ramp(ramp, runner_for(ep, model_dir), stream, opts.policy, opts.slo, progress)
             ramp.engine["too_long_for_context"] = stream.too_long
+            ramp.engine["drawn_anew_no_clean_cut"] = stream.no_clean_cut
     except BaseException as e:
         if data["ramps"] and not data["ramps"][-1].complete:
             data["ramps"][-1].stopped = ramp_error(e)

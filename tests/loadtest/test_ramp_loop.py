@@ -4,6 +4,7 @@ candidate the very same requests."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,21 @@ def test_the_report_of_a_ramp_cut_short_says_incomplete_and_keeps_its_steps(tmp_
     assert md.splitlines()[2].startswith("- INCOMPLETE") and "candidate: no knee found" in md
     assert "stopped: the server failed: connection refused (incomplete)" in md
     assert "<li class='bad'>INCOMPLETE" in (out / "report.html").read_text()
+
+
+def test_prompts_cut_from_a_chinese_log_tokenize_back_to_their_drawn_length():
+    from quantkit.inputs.models import default_tokenizer
+    from quantkit.loadtest.requests import prompt_ids
+
+    tokenizer = default_tokenizer()
+    from quantkit.loadtest.traffic import read_traffic
+
+    traffic = read_traffic(Path(__file__).resolve().parents[2] / "calibration" / "default.jsonl", tokenizer)
+    rows = prompt_ids(traffic.prompts[:200], tokenizer)
+    stream = RequestStream(rows, LengthModel(LogNormal(math.log(300), 1.0), LogNormal(math.log(20), 0.5), 2048),
+                           seed=1, tokenizer=tokenizer)
+    requests = stream.take(60)
+    assert all(isinstance(r.prompt, str) for r in requests)
+    assert [len(tokenizer(r.prompt)["input_ids"]) for r in requests] == [r.prompt_tokens for r in requests]
+    # the log is half Chinese: cuts inside a character's bytes happen, and are moved, not sent
+    assert stream.no_clean_cut < 10 and any("\u4e00" <= ch <= "\u9fff" for r in requests for ch in r.prompt)
