@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -68,7 +69,11 @@ def loadtest_command(
                                max_model_len, gpu_mem, seed, overwrite)
         policy.check(out, overwrite)
         with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir:
-            data = loadtest(opts, step_runner(Path(workdir)), _progress)
+            bar = StepBars(opts.policy)
+            try:
+                data = loadtest(opts, step_runner(Path(workdir)), bar)
+            finally:
+                bar.close()
     except QuantkitError as e:
         _fail(str(e))
     except LoadtestInterrupted as e:
@@ -88,5 +93,28 @@ def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _progress(message: str) -> None:
-    typer.echo(message, err=True)
+class StepBars:
+    """A progress bar per ramp, one tick a step, the running step and the last step's figures
+    beside it (the steps a ramp may take at most as its total: it usually stops before)."""
+
+    def __init__(self, policy: RampPolicy) -> None:
+        self.total, self.bar, self.role = len(list(policy.concurrencies())), None, None
+
+    def __call__(self, ramp, concurrency: int, step: dict | None) -> None:
+        from tqdm.auto import tqdm
+
+        if ramp.role != self.role:
+            self.close()
+            self.role = ramp.role
+            self.bar = tqdm(total=self.total, desc=f"load test: {ramp.role}", unit="step", file=sys.stderr)
+        if step is None:
+            self.bar.set_postfix_str(f"concurrency {concurrency} running")
+            return
+        self.bar.update(1)
+        self.bar.set_postfix_str(f"concurrency {concurrency}: {step['output_tokens_per_s']:.3g} output tok/s, "
+                                 f"goodput {step['goodput_rps']:.3g} req/s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -33,6 +33,12 @@ from quantkit.serving.vllm import ServeOptions, engine_dtype, find_engine, serve
 
 #: one step: (requests, concurrency, timeout) -> (per-request timings, wall seconds, tool name)
 StepRunner = Callable[[list[LoadRequest], int, float], tuple[list[dict], float, str]]
+#: told when a step starts (its summary None) and when it ends (its summary)
+Progress = Callable[["Ramp", int, "dict | None"], None]
+
+
+def _quiet(ramp: "Ramp", concurrency: int, step: dict | None) -> None:
+    pass
 CPU_KV_CACHE_GIB = 4
 
 
@@ -94,7 +100,7 @@ def measured_timings(timings: list[dict], warmup: int) -> tuple[list[dict], floa
 
 
 def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: RampPolicy, slo: SLO,
-             progress: Callable[[str], None] = lambda _: None) -> Ramp:
+             progress: Progress = _quiet) -> Ramp:
     """Climb the concurrency steps until ``stop_reason`` says stop or the time is spent; each step
     appended as it completes (an exception leaves the ones before it in ``ramp``)."""
     deadline = time.monotonic() + policy.max_seconds
@@ -104,7 +110,7 @@ def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: Ramp
             ramp.stopped = f"--max-minutes spent before concurrency {c}"
             break
         requests = stream.take(c + policy.measured(c))
-        progress(f"{ramp.role}: concurrency {c}, {len(requests)} requests ({c} warm-up)")
+        progress(ramp, c, None)
         try:
             timings, seconds, ramp.tool = runner(requests, c, left)
         except TimeoutError:
@@ -116,6 +122,7 @@ def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: Ramp
                 ramp.sent["prompt"].append(t.get("prompt_tokens") or 0)
                 ramp.sent["output"].append(t.get("output_tokens") or 0)
         ramp.steps.append(step_summary(c, kept, span if span else seconds, slo))
+        progress(ramp, c, ramp.steps[-1])
         ramp.stopped = stop_reason(ramp.steps, policy, slo)
         if ramp.stopped:
             break
@@ -212,7 +219,7 @@ def _targets(opts: LoadtestOptions, model_dir: Path, base_dir: Path | None) -> l
 
 
 def loadtest(opts: LoadtestOptions, runner_for: Callable[[Endpoint, Path], StepRunner],
-             progress: Callable[[str], None] = lambda _: None) -> dict:
+             progress: Progress = _quiet) -> dict:
     """Ramp every target (``_targets``) and return the report's data; on any way out of a ramp
     the data so far is kept in ``partial`` (the caller writes it) before the exception goes on."""
     check_targets(opts)

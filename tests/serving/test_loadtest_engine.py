@@ -70,20 +70,21 @@ def test_an_engine_killed_mid_run_leaves_an_incomplete_report(w8a8_checkpoint, t
     cmd = [sys.executable, "-m", "quantkit.cli", "loadtest", str(w8a8_checkpoint), "--engine", "vllm", "--traffic",
            str(LOG), "--slo", "ttft=5s,tpot=200ms", "--max-concurrency", "8", "--min-requests", "6",
            "--max-model-len", "2048", "--out", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    seen = []
-    for line in proc.stderr:   # the progress lines: kill the engine once the second step is under way
-        seen.append(line)
-        if "concurrency 2," in line:
-            break
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    seen = b""
+    while b"concurrency 2 running" not in seen:   # the step bar: kill the engine once step two is under way
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        assert chunk, seen.decode(errors="replace")[-2000:]
+        seen += chunk
     time.sleep(2)
-    servers = [int(p.split(":")[0]) for p in engine_processes(str(w8a8_checkpoint)) if "api_server" in p and "watchdog" not in p]
-    assert servers, seen
+    servers = [int(p.split(":")[0]) for p in engine_processes(str(w8a8_checkpoint))
+               if "api_server" in p and "watchdog" not in p]
+    assert servers, seen.decode(errors="replace")[-2000:]
     for pid in servers:
         os.kill(pid, signal.SIGKILL)
-    rest = proc.stderr.read()
+    rest = (seen + proc.stderr.read()).decode(errors="replace")
     proc.wait(timeout=300)
-    assert proc.returncode == 2, "".join(seen) + rest
+    assert proc.returncode == 2, rest[-3000:]
     assert "incomplete report" in rest
     data = json.loads((out / "report.json").read_text())
     assert not data["complete"] and data["ramps"][0]["stopped"].startswith("the server failed")
