@@ -7,8 +7,8 @@ the drawn length is reached, then cut there. A request thus begins as a real one
 system prompt), so prefix caching meets the sharing real traffic has. The load generator sends
 text, so the cut tokens are decoded and kept only when the text tokenizes back to exactly them
 (a cut inside a character's bytes, or a join the tokenizer merges, would change the length):
-otherwise the window moves on by a token, up to ``SHIFTS`` times, and the request is drawn anew
-after that (counted). The server thus sees exactly the drawn number of prompt tokens.
+otherwise the window moves on by a token, up to ``SHIFTS`` times, then starts from another row
+(counted). The server thus sees exactly the drawn number of prompt tokens.
 
 The output length is enforced with ``max_tokens`` and the engine's ignore-EOS option. A request
 whose prompt and output exceed the served context is counted (``too_long``) and not sent: it is
@@ -20,9 +20,11 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from quantkit.errors import QuantkitError
 from quantkit.loadtest.lengths import LogNormal
 
 SHIFTS = 8   # tokens a window may move on to find a cut whose text tokenizes back to itself
+ROWS_TRIED = 32   # rows a window may start from before the log is refused
 
 
 @dataclass(frozen=True)
@@ -69,31 +71,35 @@ def round_trip_text(tokenizer: Any, ids: list[int]) -> str | None:
 
 
 class RequestStream:
-    """An endless, reproducible sequence of requests: the same seed gives the same requests in
-    the same order, so a baseline and a candidate get exactly the same load."""
+    """Reproducible requests: the same seed gives the same requests in the same order, so a
+    baseline and a candidate get exactly the same load.
+
+    The lengths are one seeded sequence of (prompt, output) pairs, those too long for the served
+    context left out (``too_long`` counts them); ``take(n)`` gives requests of its first ``n`` pairs,
+    each time with new prompt windows. The steps of a ramp thus carry the same lengths (a long-tailed
+    draw of 16 requests would otherwise move throughput more than the concurrency does) and new
+    texts (a prompt sent again would meet the prefix cache).
+    """
 
     def __init__(self, rows: list[list[int]], model: LengthModel, seed: int = 0, tokenizer: Any = None) -> None:
         if not rows or not any(rows):
             raise ValueError("no prompt tokens to build requests from")
         self.rows, self.model, self.seed, self.tokenizer = rows, model, seed, tokenizer
         self.too_long = 0
-        self.no_clean_cut = 0   # drawn anew: no window of the drawn length tokenized back to itself
-        self._drawn = self._draw()
+        self.no_clean_cut = 0   # windows moved on: none of the drawn length tokenized back to itself
+        self._pairs: list[tuple[int, int]] = []
+        self._lengths = self._draw_lengths()
+        self._starts = random.Random(seed + 1)
 
-    def _draw(self) -> Iterator[LoadRequest]:
+    def _draw_lengths(self) -> Iterator[tuple[int, int]]:
         rng = random.Random(self.seed)
         while True:
             p = max(1, round(rng.lognormvariate(self.model.prompt.mu, self.model.prompt.sigma)))
             o = max(1, round(rng.lognormvariate(self.model.output.mu, self.model.output.sigma)))
-            start = rng.randrange(len(self.rows))
             if p + o > self.model.max_model_len:
                 self.too_long += 1
                 continue
-            prompt = self._prompt(start, p)
-            if prompt is None:
-                self.no_clean_cut += 1
-                continue
-            yield LoadRequest(prompt, p, o)
+            yield p, o
 
     def _prompt(self, start: int, length: int) -> list[int] | str | None:
         if self.tokenizer is None:
@@ -104,6 +110,17 @@ class RequestStream:
                 return text
         return None
 
+    def _window(self, length: int) -> list[int] | str:
+        for _ in range(ROWS_TRIED):
+            prompt = self._prompt(self._starts.randrange(len(self.rows)), length)
+            if prompt is not None:
+                return prompt
+            self.no_clean_cut += 1
+        raise QuantkitError(f"--traffic: no window of {length} prompt tokens of the log tokenizes back to itself "
+                            f"(tried {ROWS_TRIED} rows)")
+
     def take(self, n: int) -> list[LoadRequest]:
-        """The next ``n`` requests that fit the served context."""
-        return [next(self._drawn) for _ in range(n)]
+        """Requests of the first ``n`` length pairs, with new prompt windows."""
+        while len(self._pairs) < n:
+            self._pairs.append(next(self._lengths))
+        return [LoadRequest(self._window(p), p, o) for p, o in self._pairs[:n]]

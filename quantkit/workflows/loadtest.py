@@ -109,7 +109,10 @@ def run_ramp(ramp: Ramp, runner: StepRunner, stream: RequestStream, policy: Ramp
         if left <= 0:
             ramp.stopped = f"--max-minutes spent before concurrency {c}"
             break
-        requests = stream.take(c + policy.measured(c))
+        # the measured requests carry the same lengths at every step; the warm-up wave the ones after
+        n = policy.measured(c)
+        drawn = stream.take(n + c)
+        requests = drawn[n:] + drawn[:n]
         progress(ramp, c, None)
         try:
             timings, seconds, ramp.tool = runner(requests, c, left)
@@ -245,7 +248,7 @@ def loadtest(opts: LoadtestOptions, runner_for: Callable[[Endpoint, Path], StepR
                 stream = RequestStream(rows, replace(lengths, max_model_len=served_len), opts.seed, tok)
                 run_ramp(ramp, runner_for(ep, model_dir), stream, opts.policy, opts.slo, progress)
             ramp.engine["too_long_for_context"] = stream.too_long
-            ramp.engine["drawn_anew_no_clean_cut"] = stream.no_clean_cut
+            ramp.engine["windows_moved_no_clean_cut"] = stream.no_clean_cut
     except BaseException as e:
         if data["ramps"] and not data["ramps"][-1].complete:
             data["ramps"][-1].stopped = ramp_error(e)

@@ -142,3 +142,14 @@ def test_prompts_cut_from_a_chinese_log_tokenize_back_to_their_drawn_length():
     assert [len(tokenizer(r.prompt)["input_ids"]) for r in requests] == [r.prompt_tokens for r in requests]
     # the log is half Chinese: cuts inside a character's bytes happen, and are moved, not sent
     assert stream.no_clean_cut < 10 and any("\u4e00" <= ch <= "\u9fff" for r in requests for ch in r.prompt)
+
+
+def test_every_step_measures_the_same_lengths_with_new_prompts():
+    run, calls = modelled_server(slots=8)
+    run_ramp(Ramp("candidate"), run, _stream(), RampPolicy(), parse_slo("ttft=10s"))
+    measured = [reqs[c:c + 16] for c, reqs in calls]
+    shapes = [[(r.prompt_tokens, r.output_tokens) for r in m] for m in measured]
+    assert len(shapes) == 5 and all(s == shapes[0] for s in shapes)
+    assert len({tuple(map(tuple, (r.prompt for r in m))) for m in measured}) == len(measured)   # new windows
+    # the warm-up wave is not among them
+    assert [(r.prompt_tokens, r.output_tokens) for r in calls[-1][1][:calls[-1][0]]] != shapes[0][:calls[-1][0]]
