@@ -1,8 +1,10 @@
 """A ramp's steps summarised, its knee found, and the concurrency to run at.
 
 A step is one concurrency level held until enough requests completed. Its summary: requests/s,
-output tokens/s, TTFT / TPOT / ITL / end-to-end latency at P50, P90 and P99, goodput (requests/s
-that met the SLO: only throughput within the objective counts), errors.
+output tokens/s, TTFT / TPOT / ITL / end-to-end latency at P50, P90 and P99 over its requests,
+goodput (requests/s that met the SLO: only throughput within the objective counts), errors. A
+request's ITL is its largest gap between tokens (``itl_max`` where the generator gives it: a
+stream stalled by another request's prefill shows there; its mean gap is its TPOT).
 
 The knee, by rule: the first step whose output throughput grew by less than ``FLAT`` over the
 step before while its latency grew fast: TPOT P50 by more than ``TPOT_GROWTH`` (the batch slows
@@ -43,7 +45,8 @@ def step_summary(concurrency: int, timings: list[dict], seconds: float, slo: SLO
            "output_tokens_per_s": sum(t["output_tokens"] for t in ok) / seconds if seconds > 0 else 0.0,
            "goodput_rps": sum(slo.met(t) for t in ok) / seconds if seconds > 0 else 0.0}
     for key in LATENCIES:
-        out[f"{key}_ms"] = _percentiles([t[key] for t in ok if t.get(key) is not None])
+        values = [t.get("itl_max", t.get("itl")) if key == "itl" else t.get(key) for t in ok]
+        out[f"{key}_ms"] = _percentiles([v for v in values if v is not None])
     return out
 
 
