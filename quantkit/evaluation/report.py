@@ -307,7 +307,8 @@ def _lm_rows(data: dict):
             yield task, metric, row
 
 
-BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens")
+BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens", "stop",
+                    "evidence")
 BUSINESS_KL = "kl_mean [95% interval over rows]"
 
 
