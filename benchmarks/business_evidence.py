@@ -1,6 +1,6 @@
 """Benchmark: business slices sized by evidence, and the label measures' limits.
 
-    python benchmarks/business_evidence.py cost [--json OUT]
+    python benchmarks/business_evidence.py cost [--public] [--json OUT]
     python benchmarks/business_evidence.py labels --log default|second [--seed N] [--rows N] [--json OUT]
 
 ``cost``: the business-slice part of ``quantkit eval --calib calibration/default.jsonl`` on the
@@ -13,7 +13,7 @@ label sets cleared, which is what the earlier code computed.
 ``labels``: ``label_agreement`` and ``label_prob_drop`` on the label slices of a log (the
 embedded default log, or ``calibration_fidelity.label_log``'s second log at ``--seed``) for a
 W8A16 RTN copy (per channel), a W4A16 g64 RTN copy and a planted fault: the final norm with the
-16 channels that most separate " positive" from " negative" in the output embedding zeroed.
+8 channels that most separate " positive" from " negative" in the output embedding scaled 3x.
 """
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT / "tests" / "evaluation"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def norm_fault(model, tokenizer, channels: int = 16):
+def norm_fault(model, tokenizer, channels: int = 8, factor: float = 3.0):
     """A copy whose final norm has the ``channels`` channels that most separate " positive" from
-    " negative" in the output embedding zeroed: the candidate's sentiment labels change."""
+    " negative" in the output embedding scaled by ``factor``: the candidate's sentiment labels
+    change (SmolLM2 on the second log: 18 of 32 labels kept, against 29 for W8A16 RTN)."""
     import torch
 
     m = copy.deepcopy(model)
@@ -41,7 +42,7 @@ def norm_fault(model, tokenizer, channels: int = 16):
     pos, neg = (tokenizer(f" {x}", add_special_tokens=False)["input_ids"][-1] for x in ("positive", "negative"))
     with torch.no_grad():
         weight = m.model.norm.weight
-        weight[((w[pos] - w[neg]) * weight).abs().argsort(descending=True)[:channels]] = 0.0
+        weight[((w[pos] - w[neg]) * weight).abs().argsort(descending=True)[:channels]] *= factor
     return m
 
 
@@ -88,31 +89,49 @@ def cost(args) -> dict:
                      "label_rows": {k: v["label_rows"] for k, v in r.slices.items() if "label_rows" in v}}
         print(name, json.dumps(out[name]), flush=True)
     out["ratio"] = round(out["now"]["cpu_s"] / out["earlier"]["cpu_s"], 2)
-    print("ratio", out["ratio"])
+    print("ratio", out["ratio"], flush=True)
+    if args.public:   # the rest of the evaluation, to set the business part's growth against
+        c0 = time.process_time()
+        r = evaluate(base, cand, tok, max_len=8192, progress=False)
+        out["public_cpu_s"] = round(time.process_time() - c0, 1)
+        whole = [out["public_cpu_s"] + out[k]["cpu_s"] for k in ("earlier", "now")]
+        out["whole_ratio"] = round(whole[1] / whole[0], 2)
+        print("public", out["public_cpu_s"], "whole ratio", out["whole_ratio"], flush=True)
     return out
 
 
 def labels(args) -> dict:
+    """The label pass alone (labels.label_runs, as evaluate runs it) on each label slice's first
+    ``LABEL_ROWS`` rows: the teacher-forced pass over the rows is the same for every candidate."""
     from calibration_fidelity import label_log
 
-    from quantkit.evaluation import SuiteOptions, evaluate
+    from quantkit.evaluation.backends.base import ScoredSlice
+    from quantkit.evaluation.backends.in_process import InProcessBackend
     from quantkit.evaluation.business import read_business
+    from quantkit.evaluation.forced import ForcedRequest, encode_text
+    from quantkit.evaluation.labels import LABEL_ROWS, label_runs, read_label
+    from quantkit.evaluation.measures import measure_values
+    from quantkit.evaluation.slices import SuiteOptions
 
     base, tok = _models()
+    opts = SuiteOptions()
     with tempfile.TemporaryDirectory() as tmp:
         log = ROOT / "calibration" / "default.jsonl"
         if args.log == "second":
             log = Path(tmp) / "second.jsonl"
             log.write_text("".join(json.dumps(r) + "\n" for r in label_log(args.rows, args.seed)), encoding="utf-8")
-        opts = SuiteOptions(gen_prompts=0)
         slices = [s for s in read_business(log, tok, opts.business_rows).slices if s.label_replies]
-        out = {"log": args.log, "seed": args.seed, "rows": args.rows, "slices": [s.name for s in slices]}
-        for name, cand in candidates(base, tok).items():
-            r = evaluate(base, cand, tok, suite=slices, max_len=8192, options=opts, progress=False)
-            out[name] = {s: {k: r.slices[s].get(k) for k in ("label_rows", "label_agreement", "label_prob_base",
-                                                             "label_prob_cand", "label_prob_drop", "kl_mean", "tokens")}
-                         for s in r.slices}
-            print(name, json.dumps(out[name]), flush=True)
+    out = {"log": args.log, "seed": args.seed, "rows": args.rows, "slices": [s.name for s in slices]}
+    for name, cand in candidates(base, tok).items():
+        out[name] = {}
+        for s in slices:
+            prompts = [encode_text(tok, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-opts.business_prompt_tokens:]
+                       for it in s.items[:LABEL_ROWS]]
+            runs = label_runs(InProcessBackend(base, cand, tok), prompts,
+                              lambda ids, s=s: read_label(tok.decode(ids), s.label_replies), tok.eos_token_id,
+                              ForcedRequest(8192, opts.batch_tokens), opts.gen_batch)
+            out[name][s.name] = {"label_rows": len(prompts), **measure_values(ScoredSlice(labels=runs))}
+        print(name, json.dumps(out[name]), flush=True)
     return out
 
 
@@ -123,6 +142,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--public", action="store_true", help="cost: also the default public suite, once")
     args = ap.parse_args()
     got = cost(args) if args.what == "cost" else labels(args)
     if args.json:

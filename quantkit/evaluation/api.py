@@ -22,7 +22,7 @@ from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
 from quantkit.evaluation.forced import ForcedRequest, View, encode_text
 from quantkit.evaluation.generation import prefix_agreement
-from quantkit.evaluation.labels import LABEL_GEN_TOKENS, label_runs
+from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs, read_label
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
 from quantkit.evaluation.measures import measure_values
 from quantkit.evaluation.measures.labels import label_probabilities
@@ -191,7 +191,7 @@ def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar) -> _
     out, scored = _Measured(), ScoredSlice()
     texts = _score_texts(sl, backend, run, scored, out)
     if sl.label_replies:
-        _score_labels(texts, backend, run, scored, out)
+        _score_labels(texts, sl.label_replies, backend, run, scored, out)
     bar.update(1)
     _score_tasks(sl, backend, run, scored, out)
     out.values.update(measure_values(scored))
@@ -229,18 +229,20 @@ def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: Sco
     return texts
 
 
-def _score_labels(texts: list[dict], backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice,
-                  out: _Measured) -> None:
+def _score_labels(texts: list[dict], labels: tuple[str, ...], backend: ScoringBackend, run: _SliceRun,
+                  scored: ScoredSlice, out: _Measured) -> None:
     """A label slice's rows (labels.py), from their own prompts: both models' greedy replies and
     their probabilities of the baseline's."""
     opt, tokenizer = run.options, run.tokenizer
     limit = min(opt.business_prompt_tokens, run.max_len - LABEL_GEN_TOKENS)
     prompts = [p for it in texts if it.get("gen_prompt")
                for p in [encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]] if p]
+    prompts = prompts[:LABEL_ROWS]
     if not prompts:
         return
-    scored.labels = runs = label_runs(backend, prompts, tokenizer.eos_token_id,
-                                      ForcedRequest(run.max_len, opt.batch_tokens), opt.gen_batch)
+    scored.labels = runs = label_runs(backend, prompts, lambda ids: read_label(tokenizer.decode(ids), labels),
+                                      tokenizer.eos_token_id, ForcedRequest(run.max_len, opt.batch_tokens),
+                                      opt.gen_batch)
     pb, pc = label_probabilities(scored)
     out.values.update(label_rows=len(runs.replies), label_prob_base=pb, label_prob_cand=pc)
 

@@ -27,8 +27,13 @@ LABEL_MAX_TOKENS = 4          # "正面" is 4 byte tokens in SmolLM2's vocabular
 LABEL_MAX_DISTINCT = 16
 LABEL_MIN_COVERAGE = 0.9
 LABEL_MIN_ROWS = 32
-# a label and the token that ends the turn; a longer greedy reply is compared on this prefix
-LABEL_GEN_TOKENS = LABEL_MAX_TOKENS + 1
+# a label, its end of turn, and room for a short lead-in ("The review is positive."): small
+# models answer so, whatever the instruction says
+LABEL_GEN_TOKENS = 8
+# rows of a label slice replied to (its first scored rows): each costs both models its prompt
+# twice (the greedy reply, then the baseline's reply teacher-forced); one row is 1.6% of the
+# agreement, against the 1024 scored tokens' 200-500 rows
+LABEL_ROWS = 64
 
 
 def label_set(replies: list[str | None], n_tokens: Callable[[str], int]) -> tuple[str, ...]:
@@ -48,6 +53,18 @@ def label_set(replies: list[str | None], n_tokens: Callable[[str], int]) -> tupl
     return tuple(r for r, _ in short) if sum(n for _, n in short) >= need else ()
 
 
+def read_label(reply: str, labels: tuple[str, ...]) -> str:
+    """The label a reply gives: the label found first in it (case aside; the longer of two found
+    at the same place), else the reply itself, stripped.
+
+    >>> read_label("The review is Positive.", ("positive", "negative")), read_label("Maybe so", ("yes", "no"))
+    ('positive', 'maybe so')
+    """
+    text = reply.lower()
+    found = [(text.find(x.lower()), -len(x), x) for x in labels if x.lower() in text]
+    return min(found)[2] if found else text.strip()
+
+
 def reply_encoded(c: Continuation, eos: int | None, k: int) -> Encoded:
     """The prompt with the baseline's greedy reply (and the end token, where it stopped there),
     only the reply's tokens scored."""
@@ -58,9 +75,10 @@ def reply_encoded(c: Continuation, eos: int | None, k: int) -> Encoded:
     return Encoded(f"label-{k}", ids, [False] * len(ids), [False] * len(c.prompt) + [True] * len(reply))
 
 
-def label_runs(backend: ScoringBackend, prompts: list[list[int]], eos: int | None, request: ForcedRequest,
-               batch: int) -> LabelRuns:
-    """Both models' greedy replies to ``prompts``, then both models' NLL of the baseline's reply."""
+def label_runs(backend: ScoringBackend, prompts: list[list[int]], read: Callable[[list[int]], str],
+               eos: int | None, request: ForcedRequest, batch: int) -> LabelRuns:
+    """Both models' greedy replies to ``prompts`` and the label ``read`` finds in each, then both
+    models' NLL of the baseline's reply."""
     replies = backend.continuations(prompts, LABEL_GEN_TOKENS, batch)
     forced = backend.teacher_forced([reply_encoded(c, eos, k) for k, c in enumerate(replies)], request)
-    return LabelRuns(replies, forced)
+    return LabelRuns(replies, forced, [read(c.base) for c in replies], [read(c.cand) for c in replies])

@@ -27,10 +27,12 @@ class Continuation:
 
 @dataclass(frozen=True)
 class LabelRuns:
-    """A label slice's rows (labels.py): both models' greedy replies, and the teacher-forced pass
-    over the baseline's reply (per row, both models' NLL of it)."""
+    """A label slice's rows (labels.py): both models' greedy replies, the teacher-forced pass
+    over the baseline's reply (per row, both models' NLL of it), and the label each reply gives."""
     replies: list[Continuation]
     forced: ForcedResult
+    base_labels: list[str]
+    cand_labels: list[str]
 
 
 @dataclass(frozen=True)

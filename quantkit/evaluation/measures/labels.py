@@ -2,7 +2,8 @@
 give the baseline's label, and how much of the baseline's confidence in it does it keep.
 
 Both are read from the rows' own prompts: each model's greedy reply (at most ``LABEL_GEN_TOKENS``
-tokens, the end of turn included), then the baseline's reply teacher-forced through both models.
+tokens, the end of turn included) and the label found in it (``labels.read_label``: a small model
+says "The review is positive."), then the baseline's reply teacher-forced through both models.
 """
 from __future__ import annotations
 
@@ -29,9 +30,10 @@ def label_probabilities(s: ScoredSlice) -> tuple[float, float]:
          evidence="to be measured", title="label agreement", table=("label_rows", "label_agreement"),
          table_rank=11, meaning="the candidate answers with another label than the baseline")
 def label_agreement(s: ScoredSlice) -> float:
-    """Share of rows whose greedy reply is the baseline's, token for token."""
-    replies = s.labels.replies
-    return sum(c.base == c.cand for c in replies) / len(replies)
+    """Share of rows whose greedy reply gives the baseline's label (the same reply, where neither
+    holds one of the task's labels)."""
+    got = s.labels
+    return sum(a == b for a, b in zip(got.base_labels, got.cand_labels)) / len(got.base_labels)
 
 
 @measure(name="label_prob_drop", higher_is_better=False, review=0.05, nogo=0.15, applies=_has_labels,
