@@ -1,6 +1,7 @@
 """Benchmark: business slices sized by evidence, and the label measures' limits.
 
     python benchmarks/business_evidence.py cost [--public] [--json OUT]
+    python benchmarks/business_evidence.py tokens [--json OUT]
     python benchmarks/business_evidence.py labels --log default|second [--seed N] [--rows N] [--json OUT]
 
 ``cost``: the business-slice part of ``quantkit eval --calib calibration/default.jsonl`` on the
@@ -62,6 +63,40 @@ def _models():
     torch.set_num_threads(1)
     folder = default_model_dir()
     return load_model(folder), load_tokenizer(folder)
+
+
+def token_cost(args) -> dict:
+    """What each model runs on the business slices, in tokens, with the earlier sizes and now: the
+    teacher-forced rows, the 8 generation prompts (and their 32 tokens) and the label pass (each
+    label row's prompt twice: its greedy reply, then the baseline's reply forced). No model runs."""
+    from quantkit.evaluation.api import _generation_prompts, _scored_budget
+    from quantkit.evaluation.business import read_business
+    from quantkit.evaluation.checkpoint import load_tokenizer
+    from quantkit.evaluation.forced import encode_text
+    from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS
+    from quantkit.evaluation.slices import SuiteOptions
+    from quantkit.inputs.models import default_model_dir
+
+    tok = load_tokenizer(default_model_dir())
+    out = {}
+    for name, opts, labels in (("earlier", SuiteOptions(business_rows=32, business_scored_tokens=4096), False),
+                               ("now", SuiteOptions(), True)):
+        per = {}
+        for s in read_business(ROOT / "calibration" / "default.jsonl", tok, opts.business_rows).slices:
+            texts = s.items[:opts.business_rows]
+            encoded = [encode_text(tok, it, opts.business_tokens) for it in texts]
+            texts, encoded = _scored_budget(texts, encoded, opts.business_scored_tokens)
+            gen = _generation_prompts(tok, texts, encoded, opts.prompt_tokens, opts.business_prompt_tokens)
+            n = sum(len(e.ids) for e in encoded) + sum(len(p) + opts.gen_tokens for p in gen[:opts.gen_prompts])
+            if labels and s.label_replies:
+                prompts = _generation_prompts(tok, texts[:LABEL_ROWS], encoded, 0, opts.business_prompt_tokens)
+                n += sum(2 * (len(p) + LABEL_GEN_TOKENS) for p in prompts)
+            per[s.name] = {"rows": len(texts), "tokens_run": n}
+        out[name] = {"tokens_run": sum(v["tokens_run"] for v in per.values()), "slices": per}
+        print(name, json.dumps(out[name]), flush=True)
+    out["ratio"] = round(out["now"]["tokens_run"] / out["earlier"]["tokens_run"], 2)
+    print("ratio", out["ratio"])
+    return out
 
 
 def cost(args) -> dict:
@@ -137,14 +172,14 @@ def labels(args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=("cost", "labels"))
+    ap.add_argument("what", choices=("cost", "tokens", "labels"))
     ap.add_argument("--log", choices=("default", "second"), default="default")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--public", action="store_true", help="cost: also the default public suite, once")
     args = ap.parse_args()
-    got = cost(args) if args.what == "cost" else labels(args)
+    got = {"cost": cost, "tokens": token_cost, "labels": labels}[args.what](args)
     if args.json:
         args.json.write_text(json.dumps(got, indent=1) + "\n", encoding="utf-8")
 
