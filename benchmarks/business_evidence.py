@@ -144,8 +144,9 @@ def labels(args) -> dict:
     from quantkit.evaluation.backends.in_process import InProcessBackend
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.forced import ForcedRequest, encode_text
-    from quantkit.evaluation.labels import LABEL_ROWS, label_runs, read_label
+    from quantkit.evaluation.labels import LABEL_ROWS, label_runs
     from quantkit.evaluation.measures import measure_values
+    from quantkit.evaluation.measures.labels import label_probabilities, labelled
     from quantkit.evaluation.slices import SuiteOptions
 
     base, tok = _models()
@@ -162,10 +163,11 @@ def labels(args) -> dict:
         for s in slices:
             prompts = [encode_text(tok, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-opts.business_prompt_tokens:]
                        for it in s.items[:LABEL_ROWS]]
-            runs = label_runs(InProcessBackend(base, cand, tok), prompts,
-                              lambda ids, s=s: read_label(tok.decode(ids), s.label_replies), tok.eos_token_id,
-                              ForcedRequest(8192, opts.batch_tokens), opts.gen_batch)
-            out[name][s.name] = {"label_rows": len(prompts), **measure_values(ScoredSlice(labels=runs))}
+            runs = label_runs(InProcessBackend(base, cand, tok), prompts, tok.decode, s.label_replies,
+                              tok.eos_token_id, ForcedRequest(8192, opts.batch_tokens), opts.gen_batch)
+            scored = ScoredSlice(labels=runs)
+            out[name][s.name] = {"rows": len(prompts), "label_rows": len(labelled(scored)),
+                                 "label_prob_base": label_probabilities(scored)[0], **measure_values(scored)}
         print(name, json.dumps(out[name]), flush=True)
     return out
 

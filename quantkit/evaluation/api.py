@@ -22,10 +22,10 @@ from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
 from quantkit.evaluation.forced import ForcedRequest, View, encode_text
 from quantkit.evaluation.generation import prefix_agreement
-from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs, read_label
+from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
 from quantkit.evaluation.measures import measure_values
-from quantkit.evaluation.measures.labels import label_probabilities
+from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
 from quantkit.evaluation.tasks import mc_summary
@@ -240,11 +240,10 @@ def _score_labels(texts: list[dict], labels: tuple[str, ...], backend: ScoringBa
     prompts = prompts[:LABEL_ROWS]
     if not prompts:
         return
-    scored.labels = runs = label_runs(backend, prompts, lambda ids: read_label(tokenizer.decode(ids), labels),
-                                      tokenizer.eos_token_id, ForcedRequest(run.max_len, opt.batch_tokens),
-                                      opt.gen_batch)
+    scored.labels = label_runs(backend, prompts, tokenizer.decode, labels, tokenizer.eos_token_id,
+                               ForcedRequest(run.max_len, opt.batch_tokens), opt.gen_batch)
     pb, pc = label_probabilities(scored)
-    out.values.update(label_rows=len(runs.replies), label_prob_base=pb, label_prob_cand=pc)
+    out.values.update(label_rows=len(labelled(scored)), label_prob_base=pb, label_prob_cand=pc)
 
 
 def _worst_generation(sl: Slice, generations: list[Continuation], tokenizer, show: bool) -> list[dict]:

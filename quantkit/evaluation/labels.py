@@ -75,10 +75,11 @@ def reply_encoded(c: Continuation, eos: int | None, k: int) -> Encoded:
     return Encoded(f"label-{k}", ids, [False] * len(ids), [False] * len(c.prompt) + [True] * len(reply))
 
 
-def label_runs(backend: ScoringBackend, prompts: list[list[int]], read: Callable[[list[int]], str],
-               eos: int | None, request: ForcedRequest, batch: int) -> LabelRuns:
-    """Both models' greedy replies to ``prompts`` and the label ``read`` finds in each, then both
-    models' NLL of the baseline's reply."""
+def label_runs(backend: ScoringBackend, prompts: list[list[int]], decode: Callable[[list[int]], str],
+               labels: tuple[str, ...], eos: int | None, request: ForcedRequest, batch: int) -> LabelRuns:
+    """Both models' greedy replies to ``prompts`` and the label found in each (``decode`` gives a
+    reply's text), then both models' NLL of the baseline's reply."""
     replies = backend.continuations(prompts, LABEL_GEN_TOKENS, batch)
     forced = backend.teacher_forced([reply_encoded(c, eos, k) for k, c in enumerate(replies)], request)
-    return LabelRuns(replies, forced, [read(c.base) for c in replies], [read(c.cand) for c in replies])
+    return LabelRuns(replies, forced, [read_label(decode(c.base), labels) for c in replies],
+                     [read_label(decode(c.cand), labels) for c in replies], labels)

@@ -42,12 +42,18 @@ def test_a_task_of_short_replies_from_a_small_set_is_a_label_task():
 
 
 def test_label_measures_on_hand_made_replies():
-    replies = [Continuation([1], [5, 2], [5, 2], 5), Continuation([1], [6], [7, 3], 5)]
-    p = [(0.9, 0.8), (0.5, 0.1)]       # each model's probability of the baseline's reply
-    items = [ItemStats(f"label-{k}", tokens=2, nll_base=-math.log(b), nll_cand=-math.log(c)) for k, (b, c) in enumerate(p)]
-    v = measure_values(ScoredSlice(labels=LabelRuns(replies, ForcedResult(items), ["yes", "no"], ["yes", "maybe"])))
+    replies = [Continuation([1], [5, 2], [5, 2], 5), Continuation([1], [6], [7, 3], 5),
+               Continuation([1], [8], [9], 5)]
+    p = [(0.9, 0.8), (0.5, 0.1), (0.4, 0.4)]       # each model's probability of the baseline's reply tokens
+    items = [ItemStats(f"label-{k}", tokens=2, nll_base=-2 * math.log(b), nll_cand=-2 * math.log(c))
+             for k, (b, c) in enumerate(p)]
+    # the third baseline reply gives no label: its fork is not a label changed
+    runs = LabelRuns(replies, ForcedResult(items), ["yes", "no", "i think"], ["yes", "maybe", "i guess"], ("yes", "no"))
+    v = measure_values(ScoredSlice(labels=runs))
     assert v["label_agreement"] == 0.5
-    assert v["label_prob_drop"] == pytest.approx((0.9 + 0.5) / 2 - (0.8 + 0.1) / 2)
+    assert v["label_prob_drop"] == pytest.approx((0.9 + 0.5 + 0.4) / 3 - (0.8 + 0.1 + 0.4) / 3)
+    unlabelled = LabelRuns(replies[2:], ForcedResult(items[2:]), ["i think"], ["i guess"], ("yes", "no"))
+    assert "label_agreement" not in measure_values(ScoredSlice(labels=unlabelled))
     assert "label_agreement" not in measure_values(ScoredSlice())
     # the baseline's reply, scored with the end token it stopped at; a cut-off reply without one
     e = reply_encoded(Continuation([1, 2, 3], [5, 6], [5, 6], 5), eos=0, k=0)

@@ -33,6 +33,7 @@ class LabelRuns:
     forced: ForcedResult
     base_labels: list[str]
     cand_labels: list[str]
+    labels: tuple[str, ...] = ()     # the task's label set
 
 
 @dataclass(frozen=True)
