@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def norm_fault(model, tokenizer, channels: int = 8, factor: float = 3.0):
     """A copy whose final norm has the ``channels`` channels that most separate " positive" from
     " negative" in the output embedding scaled by ``factor``: the candidate's sentiment labels
-    change (SmolLM2 on the second log: 18 of 32 labels kept, against 29 for W8A16 RTN)."""
+    change (SmolLM2 on the second log, seed 1: label_agreement 0.625, W8A16 RTN 0.946)."""
     import torch
 
     m = copy.deepcopy(model)

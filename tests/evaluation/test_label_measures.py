@@ -93,4 +93,5 @@ def test_on_the_second_log_the_label_measures_separate_a_label_fault_from_a_clea
     for m in ("label_agreement", "label_prob_drop"):
         assert MEASURES[m].limit.level(got["w8a16-rtn"][m]) == GO, (m, shown)
     assert MEASURES["label_agreement"].limit.level(got["fault"]["label_agreement"]) != GO, shown
-    assert got["w8a16-rtn"]["label_rows"] == 48
+    # most baseline replies give a label; the rest (free text) are left out of the agreement
+    assert 24 <= got["w8a16-rtn"]["label_rows"] <= got["w8a16-rtn"]["rows"] == 48

@@ -12,8 +12,15 @@ import math
 from quantkit.evaluation.backends.base import ScoredSlice
 from quantkit.evaluation.measures.base import measure
 
-AGREEMENT = "to be measured"
-PROB_DROP = "to be measured"
+# Limits set on the second synthetic log (benchmarks/calibration_fidelity.py label_log, 400 rows,
+# seed 1; benchmarks/business_evidence.py labels), SmolLM2-135M-Instruct, the classification
+# slice's first 64 rows (56 whose baseline reply gives a label); checked on seed 3 (other rows:
+# tests/evaluation/test_label_measures.py): W8A16 RTN within both, the planted fault past
+# label_agreement's. One row is 0.018 of the agreement.
+AGREEMENT = ("W8A16 RTN 0.946, W4A16 g64 RTN 0.679, planted label fault (8 final-norm channels x3) 0.625: "
+             "REVIEW at 3.7x W8's disagreement (0.054), NO-GO above W4 RTN's")
+PROB_DROP = ("W8A16 RTN 0.0048, planted label fault 0.020, W4A16 g64 RTN 0.128 (baseline 0.433): "
+             "REVIEW 10x W8's, NO-GO under W4 RTN's")
 
 
 def _has_labels(s: ScoredSlice) -> bool:
@@ -39,7 +46,7 @@ def label_probabilities(s: ScoredSlice) -> tuple[float, float]:
     return pb, pc
 
 
-@measure(name="label_agreement", higher_is_better=True, review=0.80, nogo=0.65, applies=_has_labelled,
+@measure(name="label_agreement", higher_is_better=True, review=0.80, nogo=0.70, applies=_has_labelled,
          evidence=AGREEMENT, title="label agreement", table=("label_rows", "label_agreement"),
          table_rank=11, meaning="the candidate answers with another label than the baseline")
 def label_agreement(s: ScoredSlice) -> float:
@@ -48,7 +55,7 @@ def label_agreement(s: ScoredSlice) -> float:
     return sum(s.labels.base_labels[k] == s.labels.cand_labels[k] for k in rows) / len(rows)
 
 
-@measure(name="label_prob_drop", higher_is_better=False, review=0.05, nogo=0.15, applies=_has_labels,
+@measure(name="label_prob_drop", higher_is_better=False, review=0.05, nogo=0.10, applies=_has_labels,
          evidence=PROB_DROP, title="label prob drop",
          table=("label_prob_base", "label_prob_cand", "label_prob_drop"), table_rank=12,
          meaning="the candidate is less sure of the baseline's label")
