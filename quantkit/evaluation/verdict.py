@@ -30,6 +30,13 @@ tensor, ``integrity:<name>``, which always gates (measures/external.py: ``recon_
 ``recon_unit_excess_db``, ``recon_gain_error``, ``tensor_problems``, ``tensor_rel_error``).
 REVIEW at 0 dB means "worse than the worst clean part measured, with a 3 dB margin" for GPTQ.
 
+A business slice (the user's own log, business.py) holding fewer scored tokens than its budget
+(``SuiteOptions.business_scored_tokens``, 1024 by default) is insufficient evidence: its KL and
+agreement rest on too few tokens to tell a fault from the rows drawn. It cannot decide the
+verdict by itself, in either direction: it counts as REVIEW, whatever its measures say, with the
+reason "insufficient evidence: N scored tokens < 1024" beside any limit it breached (a NO-GO
+breach on it is shown, and makes REVIEW, not NO-GO). Other slices decide as before.
+
 Override from a recipe's ``eval:`` section (or ``thresholds=``)::
 
     thresholds:
@@ -44,6 +51,8 @@ from typing import Iterator, Mapping
 
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.measures import GO, MEASURES, NOGO, RANK, REVIEW, Limit
+
+EVIDENCE = "scored_tokens"      # the reason of a slice with too little evidence (insufficient)
 
 
 class _RegisteredLimits(Mapping[str, Limit]):
@@ -122,6 +131,9 @@ class Reason:
     level: str
 
     def text(self) -> str:
+        if self.measure == EVIDENCE:
+            return (f"{self.slice}: insufficient evidence: {self.value:.0f} scored tokens < {self.limit:.0f}: "
+                    "its measures alone cannot make the verdict GO or NO-GO")
         op = "<" if DEFAULT_LIMITS[self.measure].higher_is_better else ">"
         meaning = MEASURES[self.measure].meaning if self.measure in MEASURES else ""
         return f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}" + (f": {meaning}" if meaning else "")
@@ -136,13 +148,15 @@ class Verdict:
     not_gated: dict[str, str] = field(default_factory=dict)    # slice -> why it does not gate
     # measures whose bootstrap interval over rows holds a limit (within_noise): information
     noise: list[dict] = field(default_factory=list)
+    # slices with too little evidence (insufficient): slice -> scored tokens, minimum, measured level
+    evidence: dict[str, dict] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"decision": self.decision, "slices": self.slices,
                 "reasons": [_reason_dict(r) for r in self.reasons],
                 "informational": [{**_reason_dict(r), "note": self.not_gated[r.slice]}
                                   for r in self.informational],
-                "not_gated": self.not_gated, "within_noise": self.noise}
+                "not_gated": self.not_gated, "within_noise": self.noise, "insufficient_evidence": self.evidence}
 
 
 def _reason_dict(r: Reason) -> dict:
@@ -184,12 +198,27 @@ def noise_text(n: dict) -> str:
             f"holds its {n['limit_level']} limit {n['limit']:.4g}: within noise")
 
 
+def insufficient(measures: dict[str, dict], slices: list[str], minimum: int) -> dict[str, tuple[int, int]]:
+    """Of ``slices`` (the business slices), those scored on fewer than ``minimum`` tokens:
+    slice -> (scored tokens, minimum).
+
+    >>> insufficient({"business:sentiment": {"tokens": 160}, "business:faq": {"tokens": 2048}},
+    ...              ["business:sentiment", "business:faq"], 1024)
+    {'business:sentiment': (160, 1024)}
+    """
+    return {s: (n, minimum) for s in slices if s in measures
+            for n in [int(measures[s].get("tokens") or 0)] if n < minimum}
+
+
 def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
-           not_gated: dict[str, str] | None = None) -> Verdict:
+           not_gated: dict[str, str] | None = None,
+           thin: dict[str, tuple[int, int]] | None = None) -> Verdict:
     """Verdict over ``{slice: {measure: value}}`` (measures without a limit are ignored).
 
     Slices in ``not_gated`` (slice -> why) get their level and reasons as usual, but the
-    reasons go to ``informational`` and never change the decision.
+    reasons go to ``informational`` and never change the decision. Slices in ``thin`` (slice ->
+    (scored tokens, minimum): ``insufficient``) are REVIEW, whatever they measured; their
+    breaches stay among the reasons, beside the one that says so.
 
     >>> v = decide({"numbers-en": {"kl_mean": 0.3}, "code-en": {"kl_mean": 0.001}})
     >>> v.decision, v.slices, v.reasons[0].text()
@@ -197,6 +226,9 @@ def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
     >>> v = decide({"numbers-zh": {"kl_mean": 0.3}}, not_gated={"numbers-zh": "not gated (--languages: en)"})
     >>> v.decision, v.slices, [r.text() for r in v.informational]
     ('GO', {'numbers-zh': 'NO-GO'}, ['numbers-zh: kl_mean 0.3 > 0.1'])
+    >>> v = decide({"business:sentiment": {"kl_mean": 0.3, "tokens": 160}}, thin={"business:sentiment": (160, 1024)})
+    >>> v.decision, [r.level for r in v.reasons]
+    ('REVIEW', ['NO-GO', 'REVIEW'])
     """
     thresholds = thresholds or Thresholds()
     not_gated = {k: v for k, v in (not_gated or {}).items() if k in measures}
@@ -212,7 +244,13 @@ def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
                 reasons.append(Reason(sname, m, v, lim.nogo if lv == NOGO else lim.review, lv))
                 level = max(level, lv, key=RANK.get)
         per_slice[sname] = level
+    evidence = {}
+    for sname, (n, minimum) in (thin or {}).items():
+        if sname in per_slice and sname not in not_gated:
+            evidence[sname] = {"scored_tokens": n, "minimum": minimum, "measured_level": per_slice[sname]}
+            reasons.append(Reason(sname, EVIDENCE, n, minimum, REVIEW))
+            per_slice[sname] = REVIEW
     reasons.sort(key=lambda r: -RANK[r.level])
     decision = max((lv for s, lv in per_slice.items() if s not in not_gated), key=RANK.get, default=GO)
     return Verdict(decision, [r for r in reasons if r.slice not in not_gated], per_slice,
-                   [r for r in reasons if r.slice in not_gated], not_gated)
+                   [r for r in reasons if r.slice in not_gated], not_gated, evidence=evidence)

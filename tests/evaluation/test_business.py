@@ -23,13 +23,17 @@ WORDS = ("the river rose three metres before the bridge closed and the mayor ask
          "near the bank to leave by noon while volunteers filled sandbags").split()
 
 
-@pytest.fixture(scope="module")
-def chat_tok():
+def chatml_tokenizer():
     """The tiny tokenizer with a ChatML template whose turn markers are special tokens."""
     tok = tiny_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     tok.chat_template = CHATML
     return tok
+
+
+@pytest.fixture(scope="module")
+def chat_tok():
+    return chatml_tokenizer()
 
 
 def _words(i: int, n: int) -> str:
@@ -82,7 +86,7 @@ def test_a_row_in_the_calibration_sample_is_excluded_and_counted(log_and_sample,
 def test_excluded_rows_reach_the_report(log_and_sample, chat_tok, tmp_path):
     log, calib, _ = log_and_sample
     base = tiny_model(len(chat_tok))
-    opts = SuiteOptions(**{**FAST.__dict__, "business_rows": 6, "business_scored_tokens": None})
+    opts = SuiteOptions(**{**FAST.__dict__, "business_rows": 6, "business_scored_tokens": 10**6})
     suite = load_suite("numbers-en")
     suite[0].items = suite[0].items[:2]
     r = evaluate(base, fake_quant_linears(base, 4), chat_tok, suite=suite, max_len=256, options=opts,

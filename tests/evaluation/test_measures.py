@@ -49,7 +49,8 @@ def test_table_columns_follow_the_shipped_order():
     assert keys == ["tokens", "ppl_base", "ppl_cand", "ppl_increase", "kl_mean", "top1_agreement",
                     "focus_kl_mean", "focus_top1_agreement", "kl_worst_bucket", "kl_last_bucket", "gen_agreement",
                     "mc_accuracy_base", "mc_accuracy_cand", "extract_f1_base", "extract_f1_cand",
-                    "code_pass_base", "code_pass_cand", "path_tokens", "path_ppl_own", "path_ppl_engine", "path_ppl_gap",
+                    "code_pass_base", "code_pass_cand", "label_rows", "label_agreement", "label_prob_base",
+                    "label_prob_cand", "label_prob_drop", "path_tokens", "path_ppl_own", "path_ppl_engine", "path_ppl_gap",
                     "path_top1", "path_kl_mean"]
 
 

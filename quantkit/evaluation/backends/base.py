@@ -26,6 +26,17 @@ class Continuation:
 
 
 @dataclass(frozen=True)
+class LabelRuns:
+    """A label slice's rows (labels.py): both models' greedy replies, the teacher-forced pass
+    over the baseline's reply (per row, both models' NLL of it), and the label each reply gives."""
+    replies: list[Continuation]
+    forced: ForcedResult
+    base_labels: list[str]
+    cand_labels: list[str]
+    labels: tuple[str, ...] = ()     # the task's label set
+
+
+@dataclass(frozen=True)
 class PairedRuns:
     """A task run on both models: one result per item and model, in the items' order."""
     items: list[dict]
@@ -48,12 +59,13 @@ class ScoredSlice:
     with KL by position bucket on the long slices. ``generations``: greedy continuations.
     ``choices``: the choice each model picks (multiple choice). ``extraction``: each model's
     reply and its F1 against the reference numbers. ``code``: each model's completion and
-    whether it passed its tests."""
+    whether it passed its tests. ``labels``: a label slice's replies (labels.py)."""
     forced: ForcedResult | None = None
     generations: list[Continuation] = field(default_factory=list)
     choices: PairedRuns | None = None
     extraction: PairedRuns | None = None
     code: PairedRuns | None = None
+    labels: LabelRuns | None = None
 
 
 @dataclass(frozen=True)

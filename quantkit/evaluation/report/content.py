@@ -216,7 +216,8 @@ def lm_rows(data: dict):
             yield task, metric, row
 
 
-BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens")
+BUSINESS_COLUMNS = ("rows", "in_calibration", "repeats", "evaluated", "without_reply", "scored_tokens", "stop",
+                    "evidence")
 
 
 def business_lines(data: dict, words) -> tuple[str, list[list]]:

@@ -85,6 +85,8 @@ WORDS = Catalog({
     "repeats": ("repeats", "重复"),
     "evaluated": ("evaluated", "已评估"),
     "without_reply": ("without_reply", "无回复"),
+    "stop": ("stop", "停止条件"),
+    "evidence": ("evidence", "证据"),
     "scored_tokens": ("scored_tokens", "计分词元"),
     "yes": ("yes", "是"),
     "not_gated": ("not gated", "不参与判定"),
