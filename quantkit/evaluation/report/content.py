@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
+from quantkit.evaluation.verdict import EVIDENCE
 from quantkit.evaluation.report.words import MEANING_ZH, gating_source
 
 
@@ -108,15 +109,18 @@ def margin_text(margin: float, words, show=short) -> str:
     return words("margin", m=show(margin)) if margin >= 0 else words("over_by", m=show(-margin))
 
 
+def _higher_is_better(measure: str) -> bool:
+    # a slice short of evidence: its scored tokens fall below the minimum
+    return MEASURES[measure].higher_is_better if measure in MEASURES else measure == EVIDENCE
+
+
 def reason_margin(r: dict) -> float:
     """A verdict reason's margin (negative: every reason is past its limit)."""
-    higher = MEASURES[r["measure"]].higher_is_better if r["measure"] in MEASURES else False
-    return r["value"] - r["limit"] if higher else r["limit"] - r["value"]
+    return r["value"] - r["limit"] if _higher_is_better(r["measure"]) else r["limit"] - r["value"]
 
 
 def reason_sign(r: dict) -> str:
-    higher = MEASURES[r["measure"]].higher_is_better if r["measure"] in MEASURES else False
-    return "<" if higher else ">"
+    return "<" if _higher_is_better(r["measure"]) else ">"
 
 
 def meaning(measure: str, lang: str) -> str:
