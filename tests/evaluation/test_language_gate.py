@@ -2,6 +2,7 @@
 baseline's model card, else all) change the decision; the others are measured, shown and
 listed as information. Business slices always gate."""
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -141,7 +142,10 @@ def test_explicit_languages_gate(base, tok, zh_broken, suite):
 
 def test_business_slices_always_gate(base, tok, zh_broken, suite):
     business = Slice("business:support", [{"id": "r1", "kind": "text", "text": CHINESE * 3}], public=False)
-    r = run(base, zh_broken, tok, suite + [business], languages="en")
+    # its one row is the evidence this test asks for (a slice short of evidence could not decide alone)
+    opts = replace(OPTS, business_scored_tokens=8)
+    r = evaluate(base, zh_broken, tok, suite=suite + [business], max_len=256, thresholds=TINY_THRESHOLDS,
+                 options=opts, progress=False, languages="en")
     assert r.decision == NOGO
     assert {x.slice for x in r.verdict.reasons} == {"business:support"}
     assert {x.slice for x in r.verdict.informational} == {"names-zh"}
