@@ -105,7 +105,7 @@ def test_cli_budget_flag_errors_are_one_line(text_model, tmp_path, flags, messag
 def test_cli_budget_go_writes_the_smallest_go_plan_and_says_what_it_tried(text_model, tmp_path, monkeypatch):
     import quantkit.evaluation as ev
 
-    def fake_report(model, folder, recipe, calib=None):   # the verdict by size: GO from 7 bits per planned weight
+    def fake_report(model, folder, recipe, calib=None, lang="en"):   # the verdict by size: GO from 7 bits per planned weight
         bits = Plan.load(folder / "plan.json").bits_per_weight
         out = folder / "eval"
         out.mkdir()
