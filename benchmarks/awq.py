@@ -5,7 +5,8 @@ reused): calibration windows from the Lee corpus after the held-out part, perple
 the first ``--eval-windows`` windows. Each run is its own subprocess (peak RSS is that run's).
 
 ``--suite w4`` (W4A16 symmetric, group ``--group-size``): fp32, RTN, AWQ without the clip
-search, AWQ, AWQ+GPTQ, GPTQ, and llm-compressor's AWQModifier when its interpreter exists
+search, AWQ (the options of ``recipes/awq-w4a16-g64.yaml``), AWQ+GPTQ, GPTQ (the options of
+``recipes/w4a16-g64-gptq.yaml``), and llm-compressor's AWQModifier when its interpreter exists
 (``--llmc-python``; ``benchmarks/llmc_awq.py`` runs it on the CPU).
 ``--suite w4-parts``: RTN W4A16 with one module kind (q/k/v, o_proj, gate/up, down_proj) kept
 in float at a time, to see where RTN's damage comes from.
@@ -16,6 +17,7 @@ packed int8 path (``quantkit.load``), not fake quantization.
 Usage:
     python benchmarks/awq.py --model smollm2 --suite w4 --json out.json
     python benchmarks/awq.py --model gemma3 --suite w8a8 --no-llmc
+    python benchmarks/awq.py --suite w4 --threads 1 --no-llmc --only awq,gptq --jobs 2
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ sys.path.insert(0, str(HERE.parent))
 import gptq as bench  # noqa: E402  (data, perplexity and subprocess helpers shared with the GPTQ benchmark)
 
 GPTQ_OPTIONS = {"block_size": 128, "dampening_frac": 0.01}
+#: The AWQ step's options in the "awq" run: the shipped recipe's (``--awq-options`` adds to them).
+SHIPPED_AWQ = HERE.parents[1] / "recipes" / "awq-w4a16-g64.yaml"
+
+
+def shipped_awq_options() -> dict:
+    import yaml
+
+    steps = yaml.safe_load(SHIPPED_AWQ.read_text())["steps"]
+    return dict(next(s["awq"] for s in steps if isinstance(s, dict) and "awq" in s))
 
 
 def w4_groups(group_size: int, observer: str, actorder: str | None = None) -> dict:
@@ -140,6 +151,7 @@ def main() -> None:
     ap.add_argument("--llmc-python", default=str(bench.ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200)
     ap.add_argument("--only", help="comma-separated run labels")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each its own subprocess)")
     ap.add_argument("--json", help="write all figures to this file")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -160,26 +172,36 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
             "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir)}
-    awq_options = {} if a.search_tokens is None else {"search_tokens": a.search_tokens}
+    awq_options = shipped_awq_options()
+    if a.search_tokens is not None:
+        awq_options["search_tokens"] = a.search_tokens
     awq_options.update(json.loads(a.awq_options))
     only = set(a.only.split(",")) if a.only else None
     runs: dict[str, dict] = {}
 
-    def run(label: str, python: str, script: Path, spec: dict) -> None:
-        if only is not None and label not in only:
-            return
-        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
-        runs[label] = _run(python, script, spec, a.timeout)
-        print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(runs[label])[:300]}", file=sys.stderr, flush=True)
-
+    jobs: list[tuple[str, str, Path, dict]] = []
     for label, recipe in suite_runs(a.suite, a.group_size, awq_options).items():
-        run(label, sys.executable, HERE, {**base, "recipe": recipe})
+        jobs.append((label, sys.executable, HERE, {**base, "recipe": recipe}))
     llmc = Path(a.llmc_python)
     if a.suite == "w4" and not a.no_llmc:
         if llmc.exists():
-            run("llmc-awq", str(llmc), HERE.parent / "llmc_awq.py", base)
+            jobs.append(("llmc-awq", str(llmc), HERE.parent / "llmc_awq.py", base))
         else:
             print(f"llm-compressor interpreter not found at {llmc}: skipped", file=sys.stderr)
+    jobs = [j for j in jobs if only is None or j[0] in only]
+
+    def run(job: tuple[str, str, Path, dict]) -> dict:
+        label = job[0]
+        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
+        result = _run(*job[1:], a.timeout)
+        print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(result)[:300]}", file=sys.stderr, flush=True)
+        return result
+
+    # --jobs 2: the runs side by side, each on its own thread count, under the same load
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        runs.update(zip([j[0] for j in jobs], pool.map(run, jobs)))
     report(a, runs, len(calib), sum(map(len, held)))
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "runs": runs}, indent=2))
