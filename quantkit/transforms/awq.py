@@ -189,14 +189,12 @@ class AWQ(Transform):
     search_clip_grid: int | None = None  # the clip grid inside the ratio search (None: clip_grid)
     clip_sweeps: int = 0            # then sweeps over groups scoring each row's whole output error
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
-    finalists: int = 4              # ratios scored on all of them, the best by a screen (>= grid + 1: all)
-    screen_clip_grid: int = 20      # the screen: the first of those batches, clip ranges on this grid
+    finalists: int = 4              # ratios the first of those batches passes on to the rest (> grid: all)
     skip_first: int = 0             # first tokens of each row left out of statistics, Grams and losses
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
     def __post_init__(self) -> None:
-        if self.grid < 1 or self.clip_grid < 1 or self.screen_clip_grid < 1 or (
-                self.search_clip_grid is not None and self.search_clip_grid < 1):
+        if self.grid < 1 or self.clip_grid < 1 or (self.search_clip_grid is not None and self.search_clip_grid < 1):
             raise QuantkitError("grid: must be >= 1")
         if not 0.0 <= self.max_shrink < 1.0:
             raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
@@ -278,26 +276,35 @@ class AWQ(Transform):
         scales = {None: torch.ones_like(x_mean)}
         scales.update({i / self.grid: candidate_scales(x_mean, w_mean, i / self.grid) for i in range(self.grid)})
 
-        def install(s: torch.Tensor, clip_grid: int) -> None:   # the balance weights as scaled and rounded
+        order = {r: i for i, r in enumerate(scales)}
+        kept: dict = {}     # candidate -> (first part's loss, order, weights) for those a later part may run
+
+        def quantized(s: torch.Tensor) -> list[torch.Tensor]:   # the balance weights as scaled and rounded
             cols = tie.expand(s)
-            for lin, w, a, clip in zip(lins, originals, args, clips):
+            out = []
+            for w, a, clip in zip(originals, args, clips):
                 ws = w.float() * cols[None, :]
                 if clip is not None:   # the clip ranges this scaling would get (see search())
                     inv = (1.0 / cols).view(clip[1].shape[0], -1)
                     gram = clip[1] * inv[:, :, None] * inv[:, None, :]
-                    ws = apply_clip(ws, clip_search(ws, gram, clip[0], clip_grid, self.max_shrink), a.symmetric)
-                lin.weight.data = (fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype)
+                    grid = self.search_clip_grid or self.clip_grid
+                    ws = apply_clip(ws, clip_search(ws, gram, clip[0], grid, self.max_shrink), a.symmetric)
+                out.append((fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype))
+            return out
 
-        def loss(r: float | None, parts: int, clip_grid: int) -> float:
-            install(scales[r], clip_grid)
-            errors = [replay.squared_error(p) for p in range(parts)]
-            return sum(e for e, _ in errors) / max(sum(n for _, n in errors), 1)
+        def error(r: float | None, part: int) -> tuple[float, int]:
+            weights = kept.pop(r, (None, None, None))[2] or quantized(scales[r])
+            for lin, w in zip(lins, weights):
+                lin.weight.data = w
+            e, n = replay.squared_error(part)
+            if part + 1 < replay.parts:   # the later parts run it again if it stays among the best
+                kept[r] = (e / max(n, 1), order[r], weights)
+                if len(kept) > self.finalists + 1:   # the unscaled one and the best so far
+                    del kept[max((k for k in kept if k is not None), key=lambda k: kept[k][:2])]
+            return e, n
 
-        grid = self.search_clip_grid or self.clip_grid
         try:
-            # the screen: the first captured batch (a linear parent's whole sample), coarser clip ranges
-            losses = screened_losses(list(scales), lambda r: loss(r, min(replay.parts, 1), self.screen_clip_grid),
-                                     lambda r: loss(r, replay.parts, grid), self.finalists, None)
+            losses = screened_losses(list(scales), replay.parts, error, self.finalists, None)
         finally:
             for lin, w in zip(lins, originals):
                 lin.weight.data = w

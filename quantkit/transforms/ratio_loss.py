@@ -8,11 +8,11 @@ has a quadratic output error: with ``Δ = W_q - W`` and the sample's inputs ``x_
 so one ``[out, in] @ [in, in]`` product replaces a forward over every sample token
 (``LinearReplay``; for SmolLM2's down_proj at 8192 tokens, 2.7 GFLOP against 14.5).
 
-A parent with a nonlinearity (the attention block, the MLP) has to run over the sample.
-``screened_losses`` ranks every candidate by a cheaper estimate first (AWQ: the first captured
-batch only, with a coarser clip grid), then scores only the ``keep`` best of them (and the
-unscaled one, whose loss is reported) by the search's own loss. The candidate chosen is the
-exhaustive search's whenever that one is among the estimate's ``keep`` best.
+A parent with a nonlinearity (the attention block, the MLP) has to run. Its captured calls are
+batches of similar size, and the loss is their sum; ``screened_losses`` runs every candidate on
+the first batch, then only the ``keep`` best of them (and the unscaled one, whose loss is
+reported) on the rest. The candidate chosen is the exhaustive search's whenever that one is
+among the first batch's ``keep`` best.
 """
 
 from __future__ import annotations
@@ -62,16 +62,21 @@ class LinearReplay:
         return float(linear_output_error(delta, self.gram)), self.num_tokens * delta.shape[0]
 
 
-def screened_losses(candidates: list[Hashable], screen: Callable[[Hashable], float],
-                    exact: Callable[[Hashable], float], keep: int, always: Hashable) -> dict[Hashable, float]:
-    """The ``exact`` loss of the ``keep`` candidates ``screen`` ranks best, and of ``always``.
+def screened_losses(candidates: list[Hashable], parts: int, error: Callable[[Hashable, int], tuple[float, int]],
+                    keep: int, always: Hashable) -> dict[Hashable, float]:
+    """The mean loss over all ``parts`` of the ``keep`` candidates best on part 0, and of ``always``.
 
-    ``screen`` is a cheaper estimate of ``exact`` that only has to rank; ``keep`` at least the
-    number of candidates scores every one exactly, without screening. On equal screens the
-    earlier candidate ranks first.
+    ``error(candidate, part)`` returns a part's summed error and the values it sums. With one
+    part, or ``keep`` covering every candidate, every candidate is scored on everything. On
+    equal first-part losses the earlier candidate ranks first.
     """
-    if keep >= len(candidates):
-        return {c: exact(c) for c in candidates}
-    scores = {c: screen(c) for c in candidates}
-    finalists = sorted(candidates, key=scores.__getitem__)[:keep]
-    return {c: exact(c) for c in dict.fromkeys([*finalists, always])}
+    first = {c: error(c, 0) if parts else (0.0, 0) for c in candidates}   # no data: every loss 0
+    finalists = sorted(candidates, key=lambda c: first[c][0] / max(first[c][1], 1))[:keep] if parts > 1 else candidates
+    out = {}
+    for c in dict.fromkeys([*finalists, always]):
+        total, n = first[c]
+        for p in range(1, parts):
+            e, k = error(c, p)
+            total, n = total + e, n + k
+        out[c] = total / max(n, 1)
+    return out
