@@ -18,6 +18,7 @@ Usage:
     python benchmarks/awq.py --model smollm2 --suite w4 --json out.json
     python benchmarks/awq.py --model gemma3 --suite w8a8 --no-llmc
     python benchmarks/awq.py --suite w4 --threads 1 --no-llmc --only awq,gptq --jobs 2
+    python benchmarks/awq.py --suite w4 --threads 1 --no-llmc --only awq,gptq --jobs 2 --layers 2
 """
 
 from __future__ import annotations
@@ -87,6 +88,25 @@ def suite_runs(suite: str, group_size: int, awq_options: dict) -> dict[str, dict
     raise SystemExit(f"--suite: unknown suite {suite!r} (w4, w4-parts, w8a8)")
 
 
+def first_layers(folder: Path, layers: int) -> Path:
+    """A copy of the model with its first ``layers`` decoder layers only (cached): the per-layer
+    cost of each method without a whole-model run. Its perplexity measures nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = bench.ROOT / ".cache" / "benchmarks" / f"{folder.name}-first{layers}"
+    if (target / "config.json").exists():
+        return target
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(target)
+    return target
+
+
 def worker(spec: dict) -> dict:
     import torch
 
@@ -151,6 +171,7 @@ def main() -> None:
     ap.add_argument("--llmc-python", default=str(bench.ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200)
     ap.add_argument("--only", help="comma-separated run labels")
+    ap.add_argument("--layers", type=int, help="the model's first LAYERS decoder layers only (cost per layer)")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each its own subprocess)")
     ap.add_argument("--json", help="write all figures to this file")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
@@ -161,6 +182,8 @@ def main() -> None:
         return
 
     folder = bench.model_dir(a.model)
+    if a.layers:
+        folder = first_layers(folder, a.layers)
     tok = bench.load_tokenizer(folder)
     bos = tok.bos_token_id if bench.encode_adds_bos(tok) else None
     lee = bench.encode(tok, bench.heldout_text())
@@ -225,7 +248,8 @@ def _run(python: str, script: Path, spec: dict, timeout: int) -> dict:
 
 
 def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
-    print(f"\nmodel {a.model}; suite {a.suite} (g{a.group_size} for w4); calibration {n_calib} x {a.seq_len} "
+    layers = f" (its first {a.layers} layers)" if a.layers else ""
+    print(f"\nmodel {a.model}{layers}; suite {a.suite} (g{a.group_size} for w4); calibration {n_calib} x {a.seq_len} "
           f"tokens (Lee corpus); held-out {eval_tokens} tokens; {a.threads} threads")
     print(f"{'run':16s} {'wall s':>8s} {'CPU s':>8s} {'peak RSS MB':>12s} {'perplexity':>11s} {'vs fp32':>8s}  transforms")
     fp = runs.get("fp32", {}).get("perplexity")

@@ -14,6 +14,12 @@ target's grid). "Duo scaling" uses ``w̄``; without it ``s = x̄^r``. The scales
 layer (``transforms.fold_scales``): the float layer is unchanged, the quantized one keeps
 its salient channels.
 
+The loss is computed at the least cost (``transforms.ratio_loss``): where ``P`` is the balance
+linear itself it is ``tr(Δ G Δᵀ)`` over the sample's input Gram ``G`` (no forward per
+candidate); where ``P`` must run, every candidate runs on the first sample batch and only the
+``finalists`` best of them (and no scaling) on the rest, so the choice is the exhaustive
+search's whenever that candidate is among the first batch's best.
+
 Then, per target linear and per group (row ``o``, group ``g``), a clip ratio ``c``
 shrinks the group's range to ``c * max|w|`` before quantization, chosen from
 ``{1, 1 - max_shrink/n, ...}`` to minimise the group's output error
