@@ -37,9 +37,12 @@ class QuantLinear(nn.Module):
             scale_shape = (out_features, in_features // w.group_size)
         elif w.strategy == "channel":
             scale_shape = (out_features, 1)
+        elif w.strategy == "block":
+            scale_shape = (out_features // w.block_structure[0], in_features // w.block_structure[1])
         else:
             scale_shape = (1,)
-        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=dtype, **kw))
+        # MX scales are E8M0 exponents, one byte each
+        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=torch.uint8 if w.is_mx else dtype, **kw))
         if self.format == "pack-quantized":
             self.register_buffer("weight_packed", torch.empty((out_features, packed_cols(in_features, w.num_bits)), dtype=torch.int32, **kw))
             self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=device))
