@@ -25,11 +25,12 @@ from model_factory import make_llama_dir, random_ids
 
 RECIPES = {"FP8_BLOCK": {"scheme": "FP8_BLOCK"}, "W4AFP8": {"scheme": "W4AFP8"}, "W4A8": {"scheme": "W4A8"},
            "W3A16": {"scheme": "W3A16", "group_size": 64}, "W5A16": {"scheme": "W5A16"},
-           "MXFP8": {"scheme": "MXFP8"}, "MXFP8A16": {"scheme": "MXFP8A16"}}
+           "MXFP8": {"scheme": "MXFP8"}, "MXFP8A16": {"scheme": "MXFP8A16"},
+           "w3a16-g64-gptq": "w3a16-g64-gptq", "w4a8-gptq": {"scheme": "W4A8", "algorithm": "gptq"}}
 #: compressed-tensors scales int8 activations per token by absmax / 127.5 (its int range 255 / 2),
 #: vLLM's kernels and quantkit by absmax / 127: W4A8's logits differ by that rounding (2.8% of
 #: the logits' norm measured on this model); every other scheme computes the same numbers.
-TOLERANCE = {"W4A8": 0.05}
+TOLERANCE = {"W4A8": 0.05, "w4a8-gptq": 0.05}
 IDS = [torch.tensor(random_ids(1, 12, seed=s)) for s in (3, 11)]
 
 
@@ -38,7 +39,9 @@ def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("blocks")
     # widths that 128 divides: the FP8 block and W4A8 group sizes
     src = make_llama_dir(root / "src", hidden=256, intermediate=512, vocab=256)
-    return {name: quantkit.quantize(src, rec).save(root / name) for name, rec in RECIPES.items()}
+    calib = random_ids(4, 32)
+    return {name: quantkit.quantize(src, rec, calibration=calib if "gptq" in name else None).save(root / name)
+            for name, rec in RECIPES.items()}
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
