@@ -55,3 +55,9 @@ def needs_dequant_linear(layer) -> bool:
     if w.is_mx or w.strategy == "block":
         return True
     return a is not None and w.type == "int" and w.num_bits < 8
+
+
+def reference_only(layer) -> bool:
+    """Whether only the torch reference computes the layer's scheme (the Triton kernels take
+    W4A16 / W8A16 at 2, 4 or 8 bits, W8A8 per channel or tensor, FP8 per channel or tensor)."""
+    return needs_dequant_linear(layer) or (layer.format == "pack-quantized" and layer.num_bits not in (2, 4, 8))

@@ -14,7 +14,8 @@ from torch import nn
 
 from quantkit.formats.packing import packed_cols
 from quantkit.config.scheme import QuantScheme
-from quantkit.kernels import get_backend
+from quantkit.kernels import get_backend, record_fallback
+from quantkit.kernels.dequant_linear import reference_only
 
 
 class QuantLinear(nn.Module):
@@ -72,7 +73,11 @@ class QuantLinear(nn.Module):
         self._cache: dict = {}
 
     def set_backend(self, name: str) -> None:
-
+        if name == "triton" and reference_only(self):
+            record_fallback(f"kernel backend: no Triton kernel computes {self.format} {self.num_bits}-bit "
+                            f"{self.weight_strategy} weights with {self.input_strategy or 'no'} activation "
+                            "quantization; those modules run the torch reference")
+            name = "torch"
         self._kernel = get_backend(self.format, name)
         self.backend = name
         self._cache.clear()

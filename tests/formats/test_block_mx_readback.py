@@ -116,3 +116,24 @@ def test_checkpoint_layout(checkpoints, preset):
         assert (state[prefix + key].dtype, tuple(state[prefix + key].shape)) == (dtype, shape), key
     fmt = json.loads((checkpoints[preset] / "config.json").read_text())["quantization_config"]["format"]
     assert fmt == quantkit.config.scheme.PRESETS[preset].format
+
+
+@pytest.mark.parametrize("preset", ["MXFP8", "FP8_BLOCK", "W4AFP8", "W3A16"])
+def test_triton_falls_back_to_the_reference_with_a_warning(checkpoints, preset):
+    """No Triton kernel computes these schemes: asking for it runs the reference, and says so."""
+    from quantkit.kernels import backend_fallbacks
+
+    layer = quantkit.load(checkpoints[preset]).model.layers[0].mlp.down_proj
+    layer.set_backend("triton")
+    assert layer.backend == "torch"
+    assert any(layer.format in r and "torch reference" in r for r in backend_fallbacks())
+
+
+def test_inspect_names_blocks_and_e8m0_scales(checkpoints):
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    lines = {p: CliRunner().invoke(app, ["inspect", str(checkpoints[p])]).output for p in ("FP8_BLOCK", "MXFP8")}
+    assert "weights float8 block 128x128  activations float8 group g128 dynamic" in lines["FP8_BLOCK"]
+    assert "weights float8 group g32 e8m0  activations float8 group g32 e8m0 dynamic" in lines["MXFP8"]
