@@ -24,9 +24,9 @@ def pack_dense(u: torch.Tensor, num_bits: int) -> torch.Tensor:
     # 32 codes fill exactly num_bits words: pack blocks of 32 codes, then trim the tail words.
     pad = (-cols) % _WORD
     v = torch.nn.functional.pad(u.to(torch.int64), (0, pad)).reshape(rows, -1, _WORD)
-    start = torch.arange(_WORD, dtype=torch.int64) * num_bits
+    start = torch.arange(_WORD, dtype=torch.int64, device=u.device) * num_bits
     word, shift = start // _WORD, start % _WORD
-    acc = torch.zeros(rows, v.shape[1], num_bits + 1, dtype=torch.int64)
+    acc = torch.zeros(rows, v.shape[1], num_bits + 1, dtype=torch.int64, device=u.device)
     # bits of one code never overlap another's: adding is or-ing. A code that straddles a word
     # boundary leaves its high bits above bit 31, carried into the next word below.
     acc.index_add_(2, word, v << shift)
@@ -42,7 +42,7 @@ def unpack_dense(packed: torch.Tensor, num_bits: int, cols: int) -> torch.Tensor
     rows, n_words = packed.shape
     w = packed.to(torch.int64) & 0xFFFFFFFF
     w = torch.nn.functional.pad(w, (0, 1))   # a straddling last code reads one word past the end
-    start = torch.arange(cols, dtype=torch.int64) * num_bits
+    start = torch.arange(cols, dtype=torch.int64, device=packed.device) * num_bits
     word, shift = start // _WORD, start % _WORD
     both = w[:, word] | (w[:, (word + 1).clamp(max=n_words)] << _WORD)
     return (both >> shift) & ((1 << num_bits) - 1)
