@@ -21,7 +21,7 @@ from quantkit.errors import QuantkitError
 from quantkit.config.sizes import size_bytes
 
 BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
-        "fp8": 8, "float8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2}
+        "fp8": 8, "float8": 8, "int8": 8, "int7": 7, "int6": 6, "int5": 5, "int4": 4, "int3": 3, "int2": 2}
 GiB = 2**30
 
 

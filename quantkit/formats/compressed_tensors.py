@@ -16,9 +16,10 @@ from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize
 from quantkit.config.scheme import QuantArgs, QuantScheme
 from quantkit.formats.packing import pack_int32, unpack_int32
+from quantkit.numerics.e8m0 import exponent_to_scale, scale_to_exponent
 
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
-FORMATS = ("pack-quantized", "int-quantized", "float-quantized")
+FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized")
 
 
 def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
@@ -28,6 +29,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
     args = scheme.weights
     fmt = scheme.format
     out: dict[str, torch.Tensor] = {"weight_scale": scale.contiguous()}
+    if args.is_mx:   # powers of two, stored as their E8M0 exponents
+        out["weight_scale"] = scale_to_exponent(scale).contiguous()
     if fmt == "pack-quantized":
         out["weight_packed"] = pack_int32(q, args.num_bits, dim=1)
         out["weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
@@ -67,7 +70,10 @@ def decompress_module(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """The dequantized weight of one module."""
     codes, zp = unpack_module_codes(tensors, scheme)
-    return dequantize(codes, tensors["weight_scale"], zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
+    scale = tensors["weight_scale"]
+    if scheme.weights.is_mx:
+        scale = exponent_to_scale(scale)
+    return dequantize(codes, scale, zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
 
 
 # -- config -------------------------------------------------------------------------------------
@@ -111,8 +117,11 @@ def parse_quantization_config(qc: Mapping[str, Any], where: str = "config.json")
 
 
 def _args_from_ct(d: Mapping[str, Any], where: str) -> QuantArgs:
-    keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder"}
-    d = {k: v for k, v in d.items() if k in keep}
+    keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder",
+            "block_structure", "scale_dtype"}
+    d = {k: v for k, v in d.items() if k in keep and not (k in ("block_structure", "scale_dtype") and v is None)}
+    if isinstance(d.get("block_structure"), list):
+        d["block_structure"] = tuple(d["block_structure"])
     if d.get("dynamic") == "local":
         raise QuantkitError(f"{where}: dynamic 'local' is not supported")
     try:

@@ -69,6 +69,13 @@ def select_backend(device_type: str, override: str | None = None, *, record: boo
     return "torch"
 
 
+def record_fallback(reason: str) -> None:
+    """A module runs the torch reference instead of the backend asked for: a warning, once per reason."""
+    if reason not in _fallbacks:
+        _log.warning("%s", reason)
+        _fallbacks.append(reason)
+
+
 _loaded = False
 
 

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from quantkit.formats.packing import unpack_int32
 from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
 from quantkit.kernels import register_backend
+from quantkit.kernels.dequant_linear import dequant_linear, needs_dequant_linear
+from quantkit.numerics.e8m0 import exponent_to_scale
 
 
 def dequantized_weight(layer) -> torch.Tensor:
@@ -30,7 +32,10 @@ def dequantized_weight(layer) -> torch.Tensor:
             zp = unpack_int32(layer.weight_zero_point, layer.num_bits, (layer.out_features, layer.weight_scale.shape[-1]), dim=0)
     else:
         q, zp = layer.weight, layer.weight_zero_point
-    w = dequantize(q, layer.weight_scale, zp, args, layer.weight_g_idx)
+    scale = layer.weight_scale
+    if args.is_mx:   # E8M0 exponents in the checkpoint
+        scale = exponent_to_scale(scale, layer.dtype)
+    w = dequantize(q, scale, zp, args, layer.weight_g_idx)
     if getattr(layer, "cache_dequantized", True):
         layer._cache["w"] = w
     return w
@@ -38,6 +43,8 @@ def dequantized_weight(layer) -> torch.Tensor:
 
 @register_backend("pack-quantized", "torch")
 def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     w = dequantized_weight(layer).to(x.dtype)
     return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
 
@@ -60,6 +67,8 @@ def _weight_scale_row(layer) -> torch.Tensor:
 
 @register_backend("int-quantized", "torch")
 def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     xq, xs = _act_codes(x2, layer, float_type=False)
@@ -83,6 +92,8 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @register_backend("float-quantized", "torch")
 def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if layer.scheme.input_activations is None:  # FP8 weight-only
@@ -96,3 +107,8 @@ def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     if layer.bias is not None:
         y = y + layer.bias.float()
     return y.to(x.dtype).reshape(*shape[:-1], layer.out_features)
+
+
+@register_backend("mxfp8-quantized", "torch")
+def mxfp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    return dequant_linear(x, layer, dequantized_weight(layer))

@@ -62,3 +62,27 @@ def shuffled_run(t: torch.Tensor, words: int = 64, seed: int = 0) -> torch.Tenso
 
 def removed(t: torch.Tensor) -> None:
     return None
+
+
+def judge(src: Path, ckpt: Path):
+    """The integrity pass on ``ckpt`` against ``src``: (report, verdict, the names it flags)."""
+    from quantkit.evaluation.api import flagged_measures
+    from quantkit.evaluation.integrity import check_checkpoint
+    from quantkit.evaluation.verdict import Thresholds, decide
+
+    report = check_checkpoint(src, ckpt)
+    verdict = decide(flagged_measures(report, Thresholds()))
+    return report, verdict, {r.slice.removeprefix("integrity:") for r in verdict.reasons}
+
+
+def assert_named_alone(src: Path, bad: Path, module: str, fault: str) -> None:
+    """The pass names ``module`` and nothing else, REVIEW or NO-GO; NO-GO for the faults that
+    make a module's numbers unusable, and unloadable only for a missing tensor."""
+    from quantkit.evaluation.verdict import NOGO, REVIEW
+
+    report, verdict, named = judge(src, bad)
+    assert verdict.decision in (REVIEW, NOGO)
+    assert named == {module}, [r.text() for r in verdict.reasons]
+    assert report.unloadable == (fault == "a missing tensor")
+    if fault in ("a NaN scale", "zeroed block of scales", "a missing tensor"):
+        assert verdict.decision == NOGO

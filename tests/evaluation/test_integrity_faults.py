@@ -8,12 +8,11 @@ what AWQ and SmoothQuant exist for, and where GPTQ moves the most error between 
 import pytest
 import torch
 from model_factory import make_outlier_llama_dir, random_ids
-from planted import doubled, nan_one, plant, removed, shuffled_run, zero_block
+from planted import assert_named_alone, doubled, judge, nan_one, plant, removed, shuffled_run, zero_block
 
 import quantkit
-from quantkit.evaluation.api import flagged_measures
 from quantkit.evaluation.integrity import check_checkpoint
-from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 
 W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
 
@@ -56,13 +55,6 @@ def converted(tmp_path_factory):
     return src, out
 
 
-def judge(src, ckpt):
-    report = check_checkpoint(src, ckpt)
-    verdict = decide(flagged_measures(report, Thresholds()))
-    named = {r.slice.removeprefix("integrity:") for r in verdict.reasons}
-    return report, verdict, named
-
-
 @pytest.mark.parametrize("name", [*RECIPES, *CLEAN_ONLY])
 def test_an_untouched_checkpoint_names_nothing(converted, name):
     src, out = converted
@@ -98,12 +90,7 @@ def test_planted_damage_is_named(converted, tmp_path, name, fault):
     src, out = converted
     leaf, change = FAULTS[fault]
     bad = plant(out[name], tmp_path / "bad", f"{MODULE}.{leaf or _codes(out[name])}", change)
-    report, verdict, named = judge(src, bad)
-    assert verdict.decision in (REVIEW, NOGO)
-    assert named == {MODULE}, [r.text() for r in verdict.reasons]
-    assert report.unloadable == (fault == "a missing tensor")
-    if fault in ("a NaN scale", "zeroed block of scales", "a missing tensor"):
-        assert verdict.decision == NOGO
+    assert_named_alone(src, bad, MODULE, fault)
 
 
 def test_a_damaged_norm_or_embedding_is_named(converted, tmp_path):

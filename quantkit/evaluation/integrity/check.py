@@ -35,6 +35,7 @@ from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_module_codes
+from quantkit.numerics.e8m0 import exponent_to_scale
 from quantkit.numerics.primitives import FP8_DTYPE, dequantize
 from quantkit.config.scheme import QuantScheme
 from quantkit.inputs.source import SafetensorsSource
@@ -102,7 +103,8 @@ def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
                     scale_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Tensor name -> (shape, dtype) that ``compress_module`` writes for this module."""
     a = scheme.weights
-    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1))}[a.strategy]
+    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1)),
+             "block": (out // (a.block_structure or (1, 1))[0], cols // (a.block_structure or (1, 1))[1])}[a.strategy]
     meta = "meta"
     q = torch.empty(out, cols, dtype=FP8_DTYPE if a.type == "float" else torch.int8, device=meta)
     acts = scheme.input_activations
@@ -130,6 +132,13 @@ def _layout_problems(tensors: dict[str, torch.Tensor], layout: dict) -> list[dic
     return problems
 
 
+def _float_scale(tensors: dict[str, torch.Tensor], args) -> torch.Tensor:
+    """The weight scales as numbers: MX checkpoints store E8M0 exponents, whose 255 (NaN in the
+    OCP MX format) decodes to an infinite scale and is reported as not finite."""
+    scale = tensors["weight_scale"]
+    return exponent_to_scale(scale) if args.is_mx else scale
+
+
 def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
     t = t.float()
     bad = int((~torch.isfinite(t)).sum())
@@ -143,7 +152,7 @@ def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
 def _value_problems(tensors: dict[str, torch.Tensor], scheme: QuantScheme, codes: torch.Tensor,
                     zp: torch.Tensor | None, cols: int) -> list[dict]:
     a = scheme.weights
-    problems = _positive_finite("weight_scale", tensors["weight_scale"])
+    problems = _positive_finite("weight_scale", _float_scale(tensors, a))
     if "input_scale" in tensors:
         problems += _positive_finite("input_scale", tensors["input_scale"])
     if a.type == "float":
@@ -216,7 +225,7 @@ def check_module(tensors: dict[str, torch.Tensor], ref: dict[str, torch.Tensor] 
     if ref.get("weight") is None:
         return entry
     g_idx = tensors.get("weight_g_idx")
-    decoded = dequantize(codes, tensors["weight_scale"], zp, scheme.weights, g_idx, torch.float32)
+    decoded = dequantize(codes, _float_scale(tensors, scheme.weights), zp, scheme.weights, g_idx, torch.float32)
     logged_rows = record.rows
     if logged_rows is not None and tuple(logged_rows.shape) != (out,):
         problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))

@@ -89,6 +89,8 @@ def _check_targets(ctx: LayerContext) -> None:
             raise QuantkitError(f"{ctx.name}.{name}: GPTQ needs a weight scheme")
         if scheme.weights.type != "int":
             raise QuantkitError(f"{ctx.name}.{name}: weights.type: GPTQ quantizes integer weights, got {scheme.weights.type!r}")
+        if scheme.weights.strategy == "block":   # its column loop keeps one scale per row or group
+            raise QuantkitError(f"{ctx.name}.{name}: weights.strategy: GPTQ does not take block scales, use rtn")
         scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}")
 
 
