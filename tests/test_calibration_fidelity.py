@@ -72,3 +72,12 @@ def test_difference_separates_a_real_gain_from_noise(bench):
     # the gain is 10% of each task's KL: the point difference recovers it
     for t, ks in rows.items():
         assert better["tasks"][t]["diff"] == pytest.approx(-0.10 * sum(ks) / len(ks), abs=0.003)
+
+
+def test_one_seed_never_beats_random_rows(bench):
+    rng = random.Random(1)
+    rows = {t: [rng.uniform(0.05, 0.4) for _ in range(40)] for t in ("a", "b")}
+    three = {"random": _runs(rows, 3, 0.0, 0.002, rng), "traffic": _runs(rows, 3, -0.10, 0.002, rng)}
+    one = {"random": _runs(rows, 1, 0.0, 0.002, rng), "traffic": _runs(rows, 1, -0.10, 0.002, rng)}
+    assert bench.beats_random(three, "traffic") == "BEATS random rows beyond noise"
+    assert bench.beats_random(one, "traffic").startswith("undecided: one seed")
