@@ -1,21 +1,25 @@
-"""Benchmark: does the stratified calibration set win on every task of a skewed traffic log?
+"""Benchmark: does the stratified calibration set beat random rows on every task of a traffic log?
 
-    python benchmarks/calibration_fidelity.py [--conditions traffic,sqrt,balanced,random,generic]
-        [--seeds 0,1,2] [--samples 128] [--json OUT.jsonl]
+    python benchmarks/calibration_fidelity.py [--log default|second]
+        [--conditions traffic,sqrt,balanced,random,generic] [--seeds 0,1,2] [--samples 128] [--json OUT.jsonl]
     python benchmarks/calibration_fidelity.py --report OUT.jsonl [OUT2.jsonl ...]
 
-The log (built once into ``.cache/benchmarks/calibration-fidelity/``, deterministic): the rows
-of the embedded default log (``calibration/default.jsonl``, 8 tasks from the offline corpora),
-split by content hash into a held-out evaluation log (``EVAL_ROWS`` distinct rows per task) and
-a traffic log of ``TRAFFIC_ROWS`` requests drawn from the rest the way a service sees them: a
-few tasks carry most of the traffic with heavily repeated requests (a FAQ-like chat task of 60
-distinct texts is 28% of the requests), a rare long-document task (12 documents, 1%), and
-``MALFORMED`` broken lines. No evaluation text occurs in the traffic log (checked).
+Two logs, each built once into ``.cache/benchmarks/calibration-fidelity/`` (deterministic) and
+split by content hash into a traffic log and a held-out evaluation log with no text in common
+(checked):
 
-``label_log`` builds a second log of another shape (in memory, for the benchmark and the tests):
-a sentiment classifier's traffic, 60% of the rows, whose replies are one word (positive,
-negative, neutral); the rest document QA, code, extraction, summarisation and math rows of the
-embedded default log, and a few documents of several thousand tokens.
+- ``default``: the rows of the embedded default log (``calibration/default.jsonl``, 8 tasks from
+  the offline corpora), ``EVAL_ROWS`` distinct rows per task held out, and a traffic log of
+  ``TRAFFIC_ROWS`` requests drawn from the rest the way a service sees them: a few tasks carry
+  most of the traffic with heavily repeated requests (a FAQ-like chat task of 60 distinct texts is
+  28% of the requests), a rare long-document task (12 documents, 1%), and ``MALFORMED`` broken
+  lines.
+- ``second`` (``label_log``, in ``second/``): a sentiment classifier's traffic, 60% of the rows,
+  whose replies are one word (positive, negative, neutral); the rest document QA, code,
+  extraction, summarisation and math rows of the embedded default log, and a few documents of
+  several thousand tokens. Held out: ``SECOND_EVAL_ROWS`` rows of each of those tasks,
+  ``LABEL_EVAL_ROWS`` other reviews (a one-word reply scores about two tokens) and
+  ``LONG_DOCUMENTS`` long documents joined from the held-out documents.
 
 Conditions, each a GPTQ W4A16 g64 conversion of SmolLM2 (``w4a16-g64-gptq``: 128 samples of at
 most 512 tokens) from ``--samples`` calibration texts:
@@ -23,14 +27,14 @@ most 512 tokens) from ``--samples`` calibration texts:
 - ``traffic``, ``sqrt``, ``balanced``: ``quantkit calibrate``'s allocation policies (allocate.py);
 - ``random``: uniformly random lines of the log (repeats and all, as a user would cut a sample);
 - ``generic``: windows of generic public text (the English Linux kernel documentation, the
-  Debian ``linux-doc-6.1`` package, minus every file the log's rows come from).
+  Debian ``linux-doc-6.1`` package, minus every file the default log's rows come from).
 
 Each is evaluated as ``quantkit eval --calib`` would (business.py: through the chat template,
-scoring the assistant turns; bootstrap intervals over rows) on the held-out log's task slices,
-generation left out. ``--report`` prints per task the mean KL over seeds, the seed spread and
-the default policy's bootstrap half-width, and checks the acceptance criteria: the default beats
-random rows on the mean by more than the seed spread and loses on no task by more than its
-interval; generic text loses to it on every task.
+scoring the assistant turns) on the held-out log's task slices, generation left out; each
+row's KL is kept for the report. ``--report`` prints per log and per task the mean KL over seeds
+with half the seed range, and each condition's difference from ``random`` with a 95% bootstrap
+interval: per task over the held-out rows (paired: the same rows in both), for the mean over
+tasks over seeds x rows; a policy beats random rows beyond noise where that interval lies below 0.
 """
 from __future__ import annotations
 
@@ -69,11 +73,16 @@ TRAFFIC = {
     "qa_document": (0.01, 12, 0.0),
 }
 CONDITIONS = ("traffic", "sqrt", "balanced", "random", "generic")
+LOGS = ("default", "second")
 
 # The second log (label_log): task -> share of the rows; "long_document" is LONG_DOCUMENTS rows.
 LABEL_TRAFFIC = {"classification": 0.60, "qa_document": 0.09, "code": 0.08, "extraction": 0.08,
                  "summarisation": 0.08, "math": 0.07}
 LONG_DOCUMENTS = 3
+# Held out of the second log: rows per task, and classification rows (its replies are one word:
+# enough rows to reach 1024 scored tokens)
+SECOND_EVAL_ROWS = 80
+LABEL_EVAL_ROWS = 512
 SENTIMENT = {
     "positive": ("works perfectly", "arrived early and well packed", "is the best thing I bought this year",
                  "exceeded what I hoped for", "was set up in minutes and has run flawlessly since",
@@ -104,22 +113,33 @@ def sentiment_row(rng: random.Random) -> dict:
                                                    {"role": "assistant", "content": label}]}
 
 
-def label_log(rows: int = TRAFFIC_ROWS, seed: int = DATA_SEED) -> list[dict]:
-    """The second log: ``rows`` records, classification-dominated (LABEL_TRAFFIC), in traffic order."""
-    rng = random.Random(seed)
+def default_rows() -> dict[str, list[dict]]:
+    """The embedded default log's rows by task."""
     by_task: dict[str, list[dict]] = defaultdict(list)
     for line in (ROOT / "calibration" / "default.jsonl").read_text(encoding="utf-8").splitlines():
         rec = json.loads(line)
-        by_task[rec["task"]].append({"task": rec["task"], "messages": rec["messages"]})
+        by_task[rec["task"]].append(rec)
+    return by_task
+
+
+def long_documents(rng: random.Random, qa_rows: list[dict], n: int) -> list[dict]:
+    """``n`` requests of several documents joined: a few thousand tokens each, no reply."""
+    docs = [m["content"] for r in qa_rows for m in r["messages"] if m["role"] == "user"]
+    return [{"task": "long_document", "messages": [{"role": "user", "content": "\n\n".join(rng.sample(docs, 6))
+                                                    + "\n\nWhich of these documents is the longest, and what is it about?"}]}
+            for _ in range(n)]
+
+
+def label_log(rows: int = TRAFFIC_ROWS, seed: int = DATA_SEED, by_task: dict[str, list[dict]] | None = None) -> list[dict]:
+    """The second log: ``rows`` records, classification-dominated (LABEL_TRAFFIC), in traffic order;
+    its other tasks' rows drawn from ``by_task`` (the embedded default log's rows when None)."""
+    rng = random.Random(seed)
+    by_task = by_task or default_rows()
     out = [sentiment_row(rng) for _ in range(round(LABEL_TRAFFIC["classification"] * rows))]
     for task, share in LABEL_TRAFFIC.items():
         if task != "classification":
-            out += rng.choices(by_task[task], k=round(share * rows))
-    docs = [m["content"] for r in by_task["qa_document"] for m in r["messages"] if m["role"] == "user"]
-    for k in range(LONG_DOCUMENTS):   # several documents joined: a few thousand tokens each
-        text = "\n\n".join(rng.sample(docs, 6))
-        out.append({"task": "long_document", "messages": [
-            {"role": "user", "content": f"{text}\n\nWhich of these documents is the longest, and what is it about?"}]})
+            out += [{"task": r["task"], "messages": r["messages"]} for r in rng.choices(by_task[task], k=round(share * rows))]
+    out += long_documents(rng, by_task["qa_document"], LONG_DOCUMENTS)
     rng.shuffle(out)
     return out
 
@@ -130,45 +150,87 @@ def _content(record: dict) -> str:
     return render_record(0, record, FieldMap(), lambda messages: "").content
 
 
-def build_logs(folder: Path = CACHE) -> dict[str, Path]:
-    """The traffic log, the held-out evaluation log and the generic text (built once)."""
-    from quantkit.calibration.dedup import content_key
-
-    paths = {"traffic": folder / "traffic.jsonl", "eval": folder / "eval.jsonl", "generic": folder / "generic.json"}
+def build_logs(log: str = "default", folder: Path = CACHE) -> dict[str, Path]:
+    """The traffic log, the held-out evaluation log and the generic text of ``log`` (built once):
+    ``default`` in ``folder``, ``second`` (label_log's shape) in ``folder/second``."""
+    if log not in LOGS:
+        raise SystemExit(f"--log: unknown log {log!r} (expected {', '.join(LOGS)})")
+    where = folder / "second" if log == "second" else folder
+    paths = {"traffic": where / "traffic.jsonl", "eval": where / "eval.jsonl", "generic": folder / "generic.json"}
     if all(p.exists() for p in paths.values()):
         return paths
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(DATA_SEED)
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for line in (ROOT / "calibration" / "default.jsonl").read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line)
-        by_task[rec["task"]].append(rec)
-    held, held_keys, pools = [], set(), {}
-    for task in sorted(by_task):
-        rows = by_task[task][:]
-        rng.shuffle(rows)
-        held += rows[:EVAL_ROWS]
-        held_keys |= {content_key(_content(r)) for r in rows[:EVAL_ROWS]}
-        pools[task] = rows[EVAL_ROWS:]
-    traffic = []
-    for task, (share, distinct, zipf) in TRAFFIC.items():
-        pool = [r for r in pools[task] if content_key(_content(r)) not in held_keys]
-        pool = pool[:distinct] if distinct else pool
-        weights = [1.0 / (k + 1) ** zipf for k in range(len(pool))]
-        traffic += rng.choices(pool, weights=weights, k=round(share * TRAFFIC_ROWS))
-    lines = [json.dumps({"task": r["task"], "messages": r["messages"]}, ensure_ascii=False) for r in traffic]
-    broken = ['{"task": "chat", "messages": [{"role": "user", "content": "cut off', '{"task": "chat"}',
-              "[]", '{"messages": "not a list"}']
-    lines += [broken[i % len(broken)] for i in range(MALFORMED)]
-    rng.shuffle(lines)
-    leaked = {content_key(_content(r)) for r in traffic} & held_keys
+    where.mkdir(parents=True, exist_ok=True)
+    by_task = default_rows()
+    traffic, held = (_second_split if log == "second" else _default_split)(by_task)
+    keys = lambda rows: {content_key(_content(r)) for r in rows if isinstance(r, dict)}   # noqa: E731
+    leaked = keys(traffic) & keys(held)
     assert not leaked, f"{len(leaked)} evaluation texts in the traffic log"
-    rng.shuffle(held)
+    lines = [r if isinstance(r, str) else json.dumps({"task": r["task"], "messages": r["messages"]}, ensure_ascii=False)
+             for r in traffic]
     paths["traffic"].write_text("\n".join(lines) + "\n", encoding="utf-8")
     paths["eval"].write_text("\n".join(json.dumps({"task": r["task"], "messages": r["messages"]}, ensure_ascii=False)
                                        for r in held) + "\n", encoding="utf-8")
-    paths["generic"].write_text(json.dumps(generic_documents(folder, by_task), ensure_ascii=False), encoding="utf-8")
+    if not paths["generic"].exists():
+        paths["generic"].write_text(json.dumps(generic_documents(folder, by_task), ensure_ascii=False), encoding="utf-8")
     return paths
+
+
+def content_key(text: str) -> str:
+    from quantkit.calibration.dedup import content_key as key
+    return key(text)
+
+
+def _hold_out(rng: random.Random, rows: list[dict], n: int) -> tuple[list[dict], list[dict]]:
+    """``n`` rows of a task held out, and the rest with none of their texts."""
+    rows = rows[:]
+    rng.shuffle(rows)
+    held_keys = {content_key(_content(r)) for r in rows[:n]}
+    return rows[:n], [r for r in rows[n:] if content_key(_content(r)) not in held_keys]
+
+
+def _default_split(by_task: dict[str, list[dict]]) -> tuple[list, list[dict]]:
+    """The first log: TRAFFIC's skewed requests plus MALFORMED broken lines (strings), and
+    EVAL_ROWS held-out rows per task."""
+    rng = random.Random(DATA_SEED)
+    held, pools = [], {}
+    for task in sorted(by_task):
+        rows, pools[task] = _hold_out(rng, by_task[task], EVAL_ROWS)
+        held += rows
+    traffic = []
+    for task, (share, distinct, zipf) in TRAFFIC.items():
+        pool = pools[task][:distinct] if distinct else pools[task]
+        weights = [1.0 / (k + 1) ** zipf for k in range(len(pool))]
+        traffic += rng.choices(pool, weights=weights, k=round(share * TRAFFIC_ROWS))
+    broken = ['{"task": "chat", "messages": [{"role": "user", "content": "cut off', '{"task": "chat"}',
+              "[]", '{"messages": "not a list"}']
+    traffic += [broken[i % len(broken)] for i in range(MALFORMED)]
+    rng.shuffle(traffic)
+    rng.shuffle(held)
+    return traffic, held
+
+
+def _second_split(by_task: dict[str, list[dict]]) -> tuple[list[dict], list[dict]]:
+    """The second log: label_log over the rows not held out; held out, SECOND_EVAL_ROWS rows of
+    each other task, LABEL_EVAL_ROWS fresh reviews (a one-word reply scores about two tokens) and
+    LONG_DOCUMENTS long documents joined from the held-out documents."""
+    rng = random.Random(DATA_SEED + 1)
+    held, pools = [], {}
+    for task in sorted(LABEL_TRAFFIC):
+        if task != "classification":
+            rows, pools[task] = _hold_out(rng, by_task[task], SECOND_EVAL_ROWS)
+            held += rows
+    traffic = label_log(TRAFFIC_ROWS, DATA_SEED, pools)
+    seen = {content_key(_content(r)) for r in traffic}
+    reviews = []
+    while len(reviews) < LABEL_EVAL_ROWS:   # order numbers make repeats rare; a repeat is drawn again
+        row = sentiment_row(rng)
+        if content_key(_content(row)) not in seen:
+            seen.add(content_key(_content(row)))
+            reviews.append(row)
+    qa = [r for r in held if r["task"] == "qa_document"]
+    held = reviews + held + long_documents(rng, qa, LONG_DOCUMENTS)
+    rng.shuffle(held)
+    return traffic, held
 
 
 def generic_documents(folder: Path, by_task: dict[str, list[dict]]) -> list[str]:
@@ -242,7 +304,7 @@ def run(args) -> None:
     from quantkit.inputs.models import default_model_dir
     from quantkit.recipe import load_recipe
 
-    paths = build_logs()
+    paths = build_logs(args.log)
     folder = default_model_dir()
     tok = load_tokenizer(folder)
     recipe = load_recipe(RECIPE)
@@ -254,10 +316,12 @@ def run(args) -> None:
     machine = {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
                "torch": torch.__version__, "affinity": sorted(os.sched_getaffinity(0))}
     say = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
+    slice_of = {it["id"]: sl.name for sl in business.slices for it in sl.items}
+    scored = record_rows()
     for seed in (int(s) for s in args.seeds.split(",")):
         for condition in args.conditions.split(","):
             ids, mix = calibration_ids(condition, seed, paths, tok, args.samples, max_len)
-            row = {"condition": condition, "seed": seed, "samples": len(ids), "sample_tasks": mix,
+            row = {"log": args.log, "condition": condition, "seed": seed, "samples": len(ids), "sample_tasks": mix,
                    "sample_tokens": sum(map(len, ids)), "recipe": RECIPE, "machine": machine,
                    "business": {"rows": args.rows, "row_tokens": args.row_tokens, "scored_tokens": args.scored_tokens}}
             with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
@@ -267,10 +331,15 @@ def run(args) -> None:
                 row["convert_cpu_s"] = round(time.process_time() - c0, 1)
                 cand = load_model(path)
                 c0 = time.process_time()
+                scored.clear()
                 result = evaluate(base, cand, tok, suite=business.slices, max_len=2048, options=opts, progress=False)
                 row["eval_cpu_s"] = round(time.process_time() - c0, 1)
             row["slices"] = {name: {k: v[k] for k in ("kl_mean", "kl_mean_ci", "top1_agreement", "ppl_increase", "tokens")
                                     if k in v} for name, v in result.slices.items()}
+            row["rows"] = per_row(scored, slice_of)
+            for name, rr in row["rows"].items():   # the rows recorded are the rows the slice was measured on
+                got = sum(r[2] for r in rr) / sum(r[1] for r in rr)
+                assert abs(got - row["slices"][name]["kl_mean"]) <= 1e-6 * max(1.0, got), (name, got)
             kls = [v["kl_mean"] for v in row["slices"].values()]
             row["kl_mean"] = sum(kls) / len(kls)
             say(f"{condition} seed {seed}: mean KL {row['kl_mean']:.4f} over {len(kls)} task slices")
@@ -279,65 +348,177 @@ def run(args) -> None:
                     f.write(json.dumps(row) + "\n")
 
 
-def report(files: list[Path]) -> None:
-    rows = [json.loads(line) for f in files for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
-    by = defaultdict(dict)
-    for r in rows:
-        by[r["condition"]][r["seed"]] = r
+def record_rows() -> list:
+    """Every row the in-process backend scores teacher-forced from now on (its ItemStats), in a
+    list the caller clears; the evaluation's result keeps only each slice's totals and interval,
+    and the paired differences between conditions need each row's KL."""
+    from quantkit.evaluation import api
+    from quantkit.evaluation.backends.in_process import InProcessBackend
+
+    seen: list = []
+
+    class Recording(InProcessBackend):
+        def teacher_forced(self, encoded, request, views=None):
+            out = super().teacher_forced(encoded, request, views)
+            seen.extend(out.items)
+            return out
+
+    api.InProcessBackend = Recording
+    return seen
+
+
+def per_row(items: list, slice_of: dict[str, str]) -> dict[str, list[list]]:
+    """slice -> [row id, scored tokens, KL summed over them] for each scored row, by row id."""
+    out: dict[str, list[list]] = defaultdict(list)
+    for s in items:
+        if s.item_id in slice_of and s.tokens:
+            out[slice_of[s.item_id]].append([s.item_id, s.tokens, s.kl_sum])
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def load_runs(files: list[Path]) -> dict[str, dict[str, dict[int, dict]]]:
+    """log -> condition -> seed -> the run's JSON line (the last one of each cell)."""
+    by: dict[str, dict[str, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for f in files:
+        for line in f.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                r = json.loads(line)
+                by[r.get("log", "default")][r["condition"]][r["seed"]] = r
+    return by
+
+
+def row_matrix(runs: dict[int, dict], task: str, ids: list[str]):
+    """KL summed over each row's scored tokens, seeds x rows (rows in the order of ``ids``)."""
+    import numpy as np
+
+    out = []
+    for r in runs.values():
+        kl = {i: k for i, _, k in r["rows"][task]}
+        out.append([kl[i] for i in ids])
+    return np.asarray(out, dtype=np.float64)
+
+
+def difference(a: dict[int, dict], b: dict[int, dict], tasks: list[str]) -> dict:
+    """``a`` minus ``b`` in mean KL (the mean over seeds of each task's KL per scored token): per
+    task, its 95% bootstrap interval over the task's rows (the same rows in both, paired); for the
+    mean over tasks, over seeds (each side's own) x rows."""
+    import numpy as np
+
+    from quantkit.evaluation.bootstrap import LEVEL, REPLICATES, SEED, ratio_interval
+
+    out, mats = {"tasks": {}}, []
+    for t in tasks:
+        ids = [i for i, _, _ in next(iter(a.values()))["rows"][t]]
+        tokens = np.asarray([n for _, n, _ in next(iter(a.values()))["rows"][t]], dtype=np.float64)
+        ka, kb = row_matrix(a, t, ids), row_matrix(b, t, ids)
+        d = ka.mean(axis=0) - kb.mean(axis=0)
+        out["tasks"][t] = {"diff": float(d.sum() / tokens.sum()), "ci": ratio_interval(d, tokens)}
+        mats.append((ka, kb, tokens))
+    rng = np.random.default_rng(SEED)
+    reps = np.zeros(REPLICATES)
+    for ka, kb, tokens in mats:
+        rows = rng.integers(0, tokens.size, size=(REPLICATES, tokens.size))
+        sa = rng.integers(0, ka.shape[0], size=(REPLICATES, ka.shape[0]))
+        sb = rng.integers(0, kb.shape[0], size=(REPLICATES, kb.shape[0]))
+        den = tokens[rows].sum(axis=1)
+        per_a = np.stack([ka[:, r].sum(axis=1) for r in rows])     # replicate x seed
+        per_b = np.stack([kb[:, r].sum(axis=1) for r in rows])
+        reps += (np.take_along_axis(per_a, sa, 1).mean(1) - np.take_along_axis(per_b, sb, 1).mean(1)) / den
+    reps /= len(mats)
+    lo, hi = np.quantile(reps, [(1 - LEVEL) / 2, (1 + LEVEL) / 2])
+    out["mean"] = {"diff": sum(v["diff"] for v in out["tasks"].values()) / len(tasks), "ci": (float(lo), float(hi))}
+    return out
+
+
+def _signed(d: dict) -> str:
+    lo, hi = d["ci"] or (float("nan"), float("nan"))
+    return f"{d['diff']:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
+def verdict(d: dict) -> str:
+    """Below zero beyond noise (the interval's top under 0), above it, or within noise."""
+    lo, hi = d["ci"] or (float("-inf"), float("inf"))
+    return "lower beyond noise" if hi < 0 else "higher beyond noise" if lo > 0 else "within noise"
+
+
+def beats_random(by: dict[str, dict[int, dict]], condition: str) -> str:
+    """Whether ``condition`` beats random rows beyond noise on one log's runs: the mean over tasks'
+    interval below 0, with at least two seeds on each side (one seed's interval holds the rows'
+    noise only, not the draw's)."""
+    seeds = min(len(by[condition]), len(by["random"]))
+    tasks = sorted(next(iter(by[condition].values()))["slices"])
+    v = verdict(difference(by[condition], by["random"], tasks)["mean"])
+    if seeds < 2:
+        return f"undecided: one seed ({v} over the rows alone)"
+    if v == "lower beyond noise":
+        return "BEATS random rows beyond noise"
+    return "does not beat random rows beyond noise" + (" (worse beyond noise)" if v == "higher beyond noise" else "")
+
+
+def report_log(log: str, by: dict[str, dict[int, dict]]) -> None:
+    """One log's tables: mean KL per task over seeds +- half the seed range, and each condition's
+    difference from random rows with its bootstrap interval; then what beats random rows."""
     conds = [c for c in CONDITIONS if c in by]
     tasks = sorted(next(iter(by[conds[0]].values()))["slices"])
     mean = lambda xs: sum(xs) / len(xs)   # noqa: E731
-
-    def task_kl(c, t):
-        return [r["slices"][t]["kl_mean"] for r in by[c].values()]
-
+    first = next(iter(by[conds[0]].values()))
+    print(f"## log: {log} (business {first['business']})\n")
     print("| task slice | " + " | ".join(f"{c} ({len(by[c])} seeds)" for c in conds) + " |")
-    print("| --- | " + " | ".join("---" for _ in conds) + " |")
+    print("| --- |" + " --- |" * len(conds))
     for t in tasks:
-        cells = []
-        for c in conds:
-            v = task_kl(c, t)
-            cells.append(f"{mean(v):.4f} ± {(max(v) - min(v)) / 2:.4f}")
-        print(f"| {t} | " + " | ".join(cells) + " |")
+        cells = [[r["slices"][t]["kl_mean"] for r in by[c].values()] for c in conds]
+        print(f"| {t} | " + " | ".join(f"{mean(v):.4f} +- {(max(v) - min(v)) / 2:.4f}" for v in cells) + " |")
     means = {c: [r["kl_mean"] for r in by[c].values()] for c in conds}
-    print("| **mean** | " + " | ".join(f"**{mean(means[c]):.4f}** ({', '.join(f'{x:.4f}' for x in means[c])})"
-                                       for c in conds) + " |")
-    if DEFAULT not in by:
+    print("| **mean over tasks** | " + " | ".join(f"**{mean(v):.4f}** ({', '.join(f'{x:.4f}' for x in v)})"
+                                                for v in means.values()) + " |")
+    if "random" not in by:
+        print("\nrandom rows not measured on this log: no differences\n")
         return
-    checks = []
-    for other in ("random", "sqrt", "balanced"):
-        if other not in by:
-            continue
-        spread = max(max(means[c]) - min(means[c]) for c in (DEFAULT, other))
-        gain = mean(means[other]) - mean(means[DEFAULT])
-        checks.append(f"{DEFAULT} vs {other}: mean KL lower by {gain:.4f} (seed spread {spread:.4f}): "
-                      f"{'beats' if gain > spread else 'NOT beyond the spread'}")
-        losses = []
-        for t in tasks:
-            d = mean(task_kl(DEFAULT, t)) - mean(task_kl(other, t))
-            cis = [r["slices"][t]["kl_mean_ci"] for r in by[DEFAULT].values()]
-            half = mean([(hi - lo) / 2 for lo, hi in cis])
-            if d > 0:
-                losses.append(f"{t} +{d:.4f} ({'within' if d <= half else 'BEYOND'} its interval ±{half:.4f})")
-        checks.append(f"  task slices where {DEFAULT} loses to {other}: {', '.join(losses) or 'none'}")
-    if "generic" in by:
-        worse = [t for t in tasks if mean(task_kl("generic", t)) > mean(task_kl(DEFAULT, t))]
-        checks.append(f"generic text loses to {DEFAULT} on {len(worse)} of {len(tasks)} task slices"
-                      + ("" if len(worse) == len(tasks) else f" (not on {', '.join(sorted(set(tasks) - set(worse)))})"))
-    print()
-    print("\n".join(checks))
+    diffs = {c: difference(by[c], by["random"], tasks) for c in conds if c != "random"}
+    print("\nDifference from random rows in mean KL, 95% bootstrap interval (per task over rows; "
+          "the mean over seeds x rows):\n")
+    print("| task slice | " + " | ".join(f"{c} - random" for c in diffs) + " |")
+    print("| --- |" + " --- |" * len(diffs))
+    for t in tasks:
+        print(f"| {t} | " + " | ".join(_signed(d["tasks"][t]) for d in diffs.values()) + " |")
+    print("| **mean over tasks** | " + " | ".join(f"**{_signed(d['mean'])}**" for d in diffs.values()) + " |\n")
+    for c, d in diffs.items():
+        below = sum(verdict(v) == "lower beyond noise" for v in d["tasks"].values())
+        above = [t for t, v in d["tasks"].items() if verdict(v) == "higher beyond noise"]
+        print(f"- {c}: {beats_random(by, c)} on the mean over tasks ({_signed(d['mean'])}); lower beyond noise on "
+              f"{below} of {len(tasks)} task slices, higher on {', '.join(above) or 'none'}")
+    if "generic" in by and DEFAULT in by:
+        g = difference(by["generic"], by[DEFAULT], tasks)
+        worse = sum(verdict(v) == "higher beyond noise" for v in g["tasks"].values())
+        print(f"- generic - {DEFAULT}: {_signed(g['mean'])} on the mean ({verdict(g['mean'])}), "
+              f"{mean(means['generic']) / mean(means[DEFAULT]):.2f}x its mean KL; higher beyond noise on {worse} of {len(tasks)}")
     print()
     for c in conds:
-        r = next(iter(by[c].values()))
         mix = Counter()
         for rr in by[c].values():
             mix.update(rr["sample_tasks"])
-        print(f"{c}: samples per task over {len(by[c])} seeds {dict(mix)}; convert {statistics.median(x['convert_cpu_s'] for x in by[c].values()):.0f} CPU s, "
-              f"eval {statistics.median(x['eval_cpu_s'] for x in by[c].values()):.0f} CPU s (median); {r['machine']['platform']}")
+        print(f"{c}: samples per task over {len(by[c])} seeds {dict(mix)}; convert "
+              f"{statistics.median(x['convert_cpu_s'] for x in by[c].values()):.0f} CPU s, eval "
+              f"{statistics.median(x['eval_cpu_s'] for x in by[c].values()):.0f} CPU s (median)")
+    print()
+
+
+def report(files: list[Path]) -> None:
+    by = load_runs(files)
+    for log in LOGS:
+        if log in by:
+            report_log(log, by[log])
+        else:
+            print(f"## log: {log}: not measured\n")
+    for c in ("traffic", "sqrt", "balanced"):
+        print(f"{c} against random rows: " + "; ".join(
+            f"{log}: {beats_random(by[log], c) if c in by.get(log, {}) and 'random' in by[log] else 'not measured'}"
+            for log in LOGS))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--log", default="default", choices=LOGS, help="which traffic log")
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--samples", type=int, default=128)
@@ -351,7 +532,7 @@ def main() -> None:
     if args.report:
         report(args.report)
     elif args.build_only:
-        paths = build_logs()
+        paths = build_logs(args.log)
         for k, p in paths.items():
             print(k, p, p.stat().st_size)
     else:
