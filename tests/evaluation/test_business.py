@@ -103,7 +103,10 @@ def test_excluded_rows_reach_the_report(log_and_sample, chat_tok, tmp_path):
     at = evaluate(base, fake_quant_linears(base, 4), chat_tok, suite=suite, max_len=256, options=opts,
                   calibration_log=log, calibration_sample=calib, progress=False,
                   thresholds={"kl_mean": {"review": (lo + hi) / 2, "nogo": None}})
-    assert [(n["slice"], n["measure"]) for n in at.verdict.noise] == [("business:support", "kl_mean")]
+    # (greedy agreement over a handful of prompts may sit within noise of its own limits too)
+    noise = [(n["slice"], n["measure"]) for n in at.verdict.noise]
+    assert [s for s, m in noise if m == "kl_mean"] == ["business:support"]
+    assert {m for _, m in noise} <= {"kl_mean", "gen_agreement"}
     md = at.save(tmp_path / "eval2") / "report.md"
     assert "## Within noise of a limit" in md.read_text() and "holds its REVIEW limit" in md.read_text()
 
