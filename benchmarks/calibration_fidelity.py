@@ -31,7 +31,8 @@ most 512 tokens) from ``--samples`` calibration texts:
 
 Each is evaluated as ``quantkit eval --calib`` would (business.py: through the chat template,
 scoring the assistant turns) on the held-out log's task slices, generation left out; each
-row's KL is kept for the report. ``--report`` prints per log and per task the mean KL over seeds
+row's KL is kept for the report. One invocation runs its cells (``--cells``, or every condition
+for each seed) one after another and runs the baseline's body once per batch for all of them. ``--report`` prints per log and per task the mean KL over seeds
 with half the seed range, and each condition's difference from ``random`` with a 95% bootstrap
 interval: per task over the held-out rows (paired: the same rows in both), for the mean over
 tasks over seeds x rows; a policy beats random rows beyond noise where that interval lies below 0.
@@ -309,7 +310,7 @@ def run(args) -> None:
     tok = load_tokenizer(folder)
     recipe = load_recipe(RECIPE)
     max_len = recipe.calibration.max_seq_len
-    base = load_model(folder)
+    base = remember_body(load_model(folder))
     business = read_business(paths["eval"], tok, args.rows)
     opts = SuiteOptions(gen_prompts=0, business_rows=args.rows, business_tokens=args.row_tokens,
                         business_scored_tokens=args.scored_tokens)
@@ -318,34 +319,79 @@ def run(args) -> None:
     say = lambda m: print(m, file=sys.stderr, flush=True)   # noqa: E731
     slice_of = {it["id"]: sl.name for sl in business.slices for it in sl.items}
     scored = record_rows()
-    for seed in (int(s) for s in args.seeds.split(",")):
-        for condition in args.conditions.split(","):
-            ids, mix = calibration_ids(condition, seed, paths, tok, args.samples, max_len)
-            row = {"log": args.log, "condition": condition, "seed": seed, "samples": len(ids), "sample_tasks": mix,
-                   "sample_tokens": sum(map(len, ids)), "recipe": RECIPE, "machine": machine,
-                   "business": {"rows": args.rows, "row_tokens": args.row_tokens, "scored_tokens": args.scored_tokens}}
-            with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
-                c0 = time.process_time()
-                q = quantkit.quantize(folder, recipe, ids, quantkit.ConvertOptions(out=Path(tmp) / "ckpt", log=say))
-                path = q.save()
-                row["convert_cpu_s"] = round(time.process_time() - c0, 1)
-                cand = load_model(path)
-                c0 = time.process_time()
-                scored.clear()
-                result = evaluate(base, cand, tok, suite=business.slices, max_len=2048, options=opts, progress=False)
-                row["eval_cpu_s"] = round(time.process_time() - c0, 1)
-            row["slices"] = {name: {k: v[k] for k in ("kl_mean", "kl_mean_ci", "top1_agreement", "ppl_increase", "tokens")
-                                    if k in v} for name, v in result.slices.items()}
-            row["rows"] = per_row(scored, slice_of)
-            for name, rr in row["rows"].items():   # the rows recorded are the rows the slice was measured on
-                got = sum(r[2] for r in rr) / sum(r[1] for r in rr)
-                assert abs(got - row["slices"][name]["kl_mean"]) <= 1e-6 * max(1.0, got), (name, got)
-            kls = [v["kl_mean"] for v in row["slices"].values()]
-            row["kl_mean"] = sum(kls) / len(kls)
-            say(f"{condition} seed {seed}: mean KL {row['kl_mean']:.4f} over {len(kls)} task slices")
-            if args.json:
-                with args.json.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(row) + "\n")
+    for done, (condition, seed) in enumerate(cells(args)):
+        ids, mix = calibration_ids(condition, seed, paths, tok, args.samples, max_len)
+        row = {"log": args.log, "condition": condition, "seed": seed, "samples": len(ids), "sample_tasks": mix,
+               "sample_tokens": sum(map(len, ids)), "recipe": RECIPE, "machine": machine,
+               "business": {"rows": args.rows, "row_tokens": args.row_tokens, "scored_tokens": args.scored_tokens}}
+        with tempfile.TemporaryDirectory(dir=ROOT / ".cache") as tmp:
+            c0 = time.process_time()
+            q = quantkit.quantize(folder, recipe, ids, quantkit.ConvertOptions(out=Path(tmp) / "ckpt", log=say))
+            path = q.save()
+            row["convert_cpu_s"] = round(time.process_time() - c0, 1)
+            cand = load_model(path)
+            c0 = time.process_time()
+            scored.clear()
+            result = evaluate(base, cand, tok, suite=business.slices, max_len=2048, options=opts, progress=False)
+            row["eval_cpu_s"] = round(time.process_time() - c0, 1)
+            row["baseline_body_reused"] = done > 0   # eval_cpu_s then leaves out the baseline's body
+        row["slices"] = {name: {k: v[k] for k in ("kl_mean", "kl_mean_ci", "top1_agreement", "ppl_increase", "tokens")
+                                if k in v} for name, v in result.slices.items()}
+        row["rows"] = per_row(scored, slice_of)
+        for name, rr in row["rows"].items():   # the rows recorded are the rows the slice was measured on
+            got = sum(r[2] for r in rr) / sum(r[1] for r in rr)
+            assert abs(got - row["slices"][name]["kl_mean"]) <= 1e-6 * max(1.0, got), (name, got)
+        kls = [v["kl_mean"] for v in row["slices"].values()]
+        row["kl_mean"] = sum(kls) / len(kls)
+        say(f"{condition} seed {seed}: mean KL {row['kl_mean']:.4f} over {len(kls)} task slices")
+        if args.json:
+            with args.json.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def cells(args) -> list[tuple[str, int]]:
+    """(condition, seed) in the order to run them: ``--cells`` as given, else every condition for
+    each seed in turn."""
+    if args.cells:
+        out = []
+        for cell in args.cells.split(","):
+            condition, _, seed = cell.partition(":")
+            if condition not in CONDITIONS or not seed.isdigit():
+                raise SystemExit(f"--cells: {cell!r} is not CONDITION:SEED (conditions: {', '.join(CONDITIONS)})")
+            out.append((condition, int(seed)))
+        return out
+    return [(c, int(s)) for s in args.seeds.split(",") for c in args.conditions.split(",")]
+
+
+def remember_body(model):
+    """``model`` with its body's hidden states kept per batch of token ids: the baseline scores
+    the same held-out rows in the same batches for every condition and seed, so its body runs
+    once per batch in this process and each later condition only runs its head (the same
+    float32 states, so every figure is what a fresh run gives)."""
+    import hashlib
+
+    import torch
+
+    prefix = model.base_model_prefix
+    body = getattr(model, prefix)
+    kept: dict[str, object] = {}
+
+    class Remembered(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = body
+
+        def forward(self, input_ids, attention_mask=None, **kw):
+            h = hashlib.sha256(input_ids.cpu().numpy().tobytes())
+            if attention_mask is not None:
+                h.update(attention_mask.cpu().numpy().tobytes())
+            key = f"{tuple(input_ids.shape)}:{h.hexdigest()}"
+            if key not in kept:
+                kept[key] = self.inner(input_ids=input_ids, attention_mask=attention_mask, **kw)
+            return kept[key]
+
+    setattr(model, prefix, Remembered())
+    return model
 
 
 def record_rows() -> list:
@@ -521,6 +567,7 @@ def main() -> None:
     ap.add_argument("--log", default="default", choices=LOGS, help="which traffic log")
     ap.add_argument("--conditions", default=",".join(CONDITIONS))
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--cells", default="", help="CONDITION:SEED,... to run in this order (overrides --conditions/--seeds)")
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--rows", type=int, default=32, help="business rows per task (SuiteOptions.business_rows)")
     ap.add_argument("--row-tokens", type=int, default=1024, help="tokens per row (business_tokens)")
