@@ -25,7 +25,13 @@ from quantkit.config.validation import config, invalid, parse
 # The integer widths the pack-quantized format packs into int32 words (formats/packing.py).
 PACKABLE_BITS = (2, 4, 8)
 
-Strategy = Literal["tensor", "channel", "group", "token"]
+# FP4 (E2M1) formats: their group size and strategy are fixed by the format. NVFP4 puts a
+# float32 global scale over FP8 group scales ("tensor_group"); MXFP4 has power-of-two E8M0
+# group scales only. Activations: NVFP4 chooses group scales per token under a global scale
+# calibrated beforehand (dynamic "local"); MXFP4 chooses them per token (dynamic).
+FP4_FORMATS = {"nvfp4": ("tensor_group", 16, "local"), "mxfp4": ("group", 32, True)}
+
+Strategy = Literal["tensor", "channel", "group", "token", "tensor_group"]
 QuantType = Literal["int", "float"]
 ActOrder = Literal["group", "weight"]
 STRATEGIES = get_args(Strategy)
@@ -60,7 +66,7 @@ class QuantArgs:
     symmetric: StrictBool = True
     strategy: Strategy | None = None
     group_size: Annotated[StrictInt, Field(gt=0)] | None = None
-    dynamic: StrictBool = False
+    dynamic: StrictBool | Literal["local"] = False
     actorder: ActOrder | None = None
     observer: Literal["minmax", "mse"] = "minmax"
 
@@ -68,19 +74,25 @@ class QuantArgs:
     def _consistent(self) -> "QuantArgs":
         if self.strategy is None:
             inferred = "group" if self.group_size is not None else ("token" if self.dynamic else "channel")
+            if self.type == "float" and self.num_bits == 4 and self.group_size == FP4_FORMATS["nvfp4"][1]:
+                inferred = FP4_FORMATS["nvfp4"][0]
             object.__setattr__(self, "strategy", inferred)  # frozen: set once, while validating
         if self.type == "int" and not 2 <= self.num_bits <= 8:
             raise invalid(f"int quantization supports 2..8 bits, got {self.num_bits}", "num_bits")
-        if self.type == "float":
+        if self.type == "float" and self.num_bits == 4:
+            _check_fp4(self)
+        elif self.type == "float":
             if self.num_bits != 8:
                 raise invalid(f"float quantization supports 8 bits (E4M3), got {self.num_bits}", "num_bits")
             if not self.symmetric:
                 raise invalid("float8 quantization must be symmetric", "symmetric")
-        if self.strategy == "group":
+        if self.strategy in ("group", "tensor_group"):
             if self.group_size is None:
                 raise invalid("strategy 'group' needs a positive group_size", "group_size")
         elif self.group_size is not None:
             raise invalid(f"only valid with strategy 'group' (strategy is {self.strategy!r})", "group_size")
+        if self.dynamic == "local" and fp4_kind(self) != "nvfp4":
+            raise invalid("'local' (group scales under a calibrated global scale) is NVFP4's", "dynamic")
         if self.strategy == "token" and not self.dynamic:
             raise invalid("per-token quantization must be dynamic (static 'token' is impossible)", "strategy")
         if self.actorder == "group" and self.strategy != "group":
@@ -105,7 +117,13 @@ class QuantArgs:
             "actorder": self.actorder,
             "observer": None if self.dynamic else self.observer,
             "observer_kwargs": {},
+            **_fp4_keys(self),
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a scale is calibrated beforehand: a static scale, or NVFP4's global input scale."""
+        return self.dynamic is not True
 
     @property
     def qmin(self) -> int:
@@ -117,7 +135,7 @@ class QuantArgs:
 
     def check_width(self, in_features: int, where: str) -> None:
         """Reject a group size that does not divide a layer's input width."""
-        if self.strategy == "group" and in_features % self.group_size != 0:
+        if self.strategy in ("group", "tensor_group") and in_features % self.group_size != 0:
             raise QuantkitError(
                 f"{where}: group_size {self.group_size} does not divide in_features {in_features}"
             )
@@ -141,8 +159,10 @@ class QuantScheme:
         w, a = self.weights, self.input_activations
         if w is not None and w.dynamic:
             raise invalid("weights are quantized statically", "weights.dynamic")
-        if a is not None:
-            if a.strategy in ("group", "channel"):
+        if w is not None and fp4_kind(w) is not None:
+            _check_fp4_scheme(w, a)
+        elif a is not None:
+            if a.strategy in ("group", "channel", "tensor_group"):
                 raise invalid(f"'{a.strategy}' is not supported for activations", "input_activations.strategy")
             if w is None or w.num_bits != 8 or a.num_bits != 8 or w.type != a.type:
                 raise invalid("only W8A8 (int8 x int8 or fp8 x fp8) is supported", "input_activations")
@@ -165,6 +185,8 @@ class QuantScheme:
     def format(self) -> str:
         """The compressed-tensors format that stores this scheme."""
         w, a = self.weights, self.input_activations
+        if fp4_kind(w) is not None:
+            return f"{fp4_kind(w)}-pack-quantized"
         if a is None:
             if w.type == "float":
                 return "float-quantized"
@@ -185,6 +207,52 @@ class QuantScheme:
         }
 
 
+def fp4_kind(args: QuantArgs | None) -> str | None:
+    """"nvfp4" or "mxfp4" for FP4 (E2M1) args, else ``None``."""
+    if args is None or args.type != "float" or args.num_bits != 4:
+        return None
+    return "nvfp4" if args.strategy == FP4_FORMATS["nvfp4"][0] else "mxfp4"
+
+
+def _check_fp4(args: QuantArgs) -> None:
+    """FP4 args name one of the two formats, with the format's own group size."""
+    if not args.symmetric:
+        raise invalid("FP4 quantization must be symmetric", "symmetric")
+    if args.strategy not in ("group", "tensor_group") or args.group_size not in (16, 32):
+        raise invalid(f"FP4 groups are fixed by the format: 16 (NVFP4) or 32 (MXFP4), got {args.group_size}",
+                      "group_size")
+    for kind, (strategy, group, _) in FP4_FORMATS.items():
+        if args.strategy == strategy and args.group_size != group:
+            raise invalid(f"{kind.upper()} ('{strategy}') groups are {group} wide, got {args.group_size}",
+                          "group_size")
+
+
+def _check_fp4_scheme(w: QuantArgs, a: QuantArgs | None) -> None:
+    """FP4 weights with FP4 activations of the same format, scaled as the format scales them."""
+    if a is None:
+        return
+    kind = fp4_kind(w)
+    if fp4_kind(a) != kind:
+        raise invalid(f"{kind.upper()} weights take {kind.upper()} activations or none", "input_activations")
+    dynamic = FP4_FORMATS[kind][2]
+    if a.dynamic != dynamic:
+        how = ("group scales chosen per token under a global scale calibrated beforehand"
+               if dynamic == "local" else "group scales chosen per token")
+        raise invalid(f"{kind.upper()} activations need {dynamic!r} ({how}), got {a.dynamic!r}",
+                      "input_activations.dynamic")
+
+
+def _fp4_keys(args: QuantArgs) -> dict[str, Any]:
+    """The scale dtype compressed-tensors reads an FP4 format's scales by (none for others)."""
+    kind = fp4_kind(args)
+    if kind is None:
+        return {}
+    keys: dict[str, Any] = {"scale_dtype": "torch.float8_e4m3fn" if kind == "nvfp4" else "torch.uint8"}
+    if args.dynamic == "local":
+        keys["observer"] = "static_minmax"   # the global input scale: the calibration's range
+    return keys
+
+
 def _preset(weights: QuantArgs, acts: QuantArgs | None = None) -> QuantScheme:
     return QuantScheme(("Linear",), weights, acts)
 
@@ -201,6 +269,16 @@ PRESETS: dict[str, QuantScheme] = {
     "FP8_DYNAMIC": _preset(
         QuantArgs(num_bits=8, type="float", strategy="channel"),
         QuantArgs(num_bits=8, type="float", strategy="token", dynamic=True),
+    ),
+    "NVFP4A16": _preset(QuantArgs(num_bits=4, type="float", group_size=16)),
+    "NVFP4": _preset(
+        QuantArgs(num_bits=4, type="float", group_size=16),
+        QuantArgs(num_bits=4, type="float", group_size=16, dynamic="local"),
+    ),
+    "MXFP4A16": _preset(QuantArgs(num_bits=4, type="float", group_size=32)),
+    "MXFP4": _preset(
+        QuantArgs(num_bits=4, type="float", group_size=32),
+        QuantArgs(num_bits=4, type="float", group_size=32, dynamic=True),
     ),
 }
 
