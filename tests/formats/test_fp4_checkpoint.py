@@ -2,7 +2,9 @@
 
 The reference: compressed-tensors computes the scales (``generate_gparam``, ``calculate_qparams``)
 and its ``NVFP4PackedCompressor`` / ``MXFP4PackedCompressor`` pack the weight; quantkit's
-checkpoint, written by its whole pipeline with RTN, must hold the same bytes.
+checkpoint, written by its whole pipeline with RTN, must hold the same bytes. Linears that read
+one input (q/k/v, gate/up) share the smallest of their NVFP4 weight global scales, as
+llm-compressor shares it for vLLM's fused linears.
 """
 
 from __future__ import annotations
@@ -25,17 +27,25 @@ SCHEMES = {"NVFP4A16": "nvfp4-pack-quantized", "NVFP4": "nvfp4-pack-quantized",
            "MXFP4A16": "mxfp4-pack-quantized", "MXFP4": "mxfp4-pack-quantized"}
 # SmolLM2: three layers are enough to cover every linear shape (576, 192, 1536 wide)
 SMOLLM2_TARGETS = ["re:model\\.layers\\.[0-2]\\..*_proj$"]
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
-def reference_tensors(w: torch.Tensor, preset: str) -> dict[str, torch.Tensor]:
+def fused_global_scale(source: dict[str, torch.Tensor], module: str) -> torch.Tensor:
+    """The NVFP4 weight global scale of ``module``: the smallest of its fused siblings'."""
+    parent, _, leaf = module.rpartition(".")
+    siblings = next((f for f in FUSED if leaf in f), (leaf,))
+    ws = [source[f"{parent}.{n}.weight"] for n in siblings if f"{parent}.{n}.weight" in source]
+    return torch.stack([generate_gparam(w.amin(), w.amax()) for w in ws]).amin(dim=0)
+
+
+def reference_tensors(w: torch.Tensor, preset: str, gs: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """One linear's tensors as compressed-tensors quantizes (RTN, min-max) and compresses it."""
     scheme = preset_name_to_scheme(preset, ["Linear"])
     args = scheme.weights
     wg = w.unflatten(-1, (-1, args.group_size))
     state = {"weight": w}
-    gs = None
-    if preset.startswith("NV"):
-        gs = state["weight_global_scale"] = generate_gparam(w.amin(), w.amax())
+    if gs is not None:
+        state["weight_global_scale"] = gs
     state["weight_scale"], _ = calculate_qparams(wg.amin(-1), wg.amax(-1), args, global_scale=gs)
     compressor = BaseCompressor.get_value_from_registry(SCHEMES[preset])
     return compressor.compress(state, scheme)
@@ -53,7 +63,8 @@ def assert_bit_identical(source: dict[str, torch.Tensor], written: dict[str, tor
     n = 0
     for key in [k for k in written if k.endswith(".weight_packed")]:
         module = key[: -len(".weight_packed")]
-        want = reference_tensors(source[f"{module}.weight"], preset)
+        gs = fused_global_scale(source, module) if preset.startswith("NV") else None
+        want = reference_tensors(source[f"{module}.weight"], preset, gs)
         for name in ("weight_packed", "weight_scale", "weight_global_scale"):
             if name in want:
                 got = written[f"{module}.{name}"]
@@ -77,6 +88,12 @@ def test_tiny_model_bit_identical_to_compressor(tiny_fp4, tiny_llama, preset):
     source = _checkpoint(tiny_llama)
     written = _checkpoint(tiny_fp4[preset])
     assert assert_bit_identical(source, written, preset) == 14   # 2 layers x 7 linears
+    if preset.startswith("NV"):   # one global scale per fused linear, not one per projection
+        for f in FUSED:
+            names = [f"model.layers.0.{'self_attn' if 'q_proj' in f else 'mlp'}.{n}" for n in f]
+            scales = {written[f"{m}.weight_global_scale"].item() for m in names}
+            own = {generate_gparam(source[f"{m}.weight"].amin(), source[f"{m}.weight"].amax()).item() for m in names}
+            assert len(scales) == 1 and len(own) == len(f) and scales == {min(own)}
     assert "lm_head.weight" not in written or written["lm_head.weight"].dtype == torch.float32
 
 
