@@ -22,6 +22,9 @@ from quantkit.runtime.modules import QuantLinear
 from model_factory import make_llama_dir, random_ids
 
 PRESETS = ("NVFP4A16", "NVFP4", "MXFP4A16", "MXFP4")
+RECIPES = {**{p: {"scheme": p} for p in PRESETS},
+           "NVFP4A16-GPTQ": {"scheme": "NVFP4A16", "algorithm": {"name": "gptq", "block_size": 32}},
+           "MXFP4-GPTQ": {"scheme": "MXFP4", "algorithm": {"name": "gptq", "block_size": 32}}}
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +32,8 @@ def bf16_fp4(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp4bf16")
     src = make_llama_dir(root / "f32", seed=4)
     AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(root / "bf16")
-    out = {p: quantkit.quantize(root / "bf16", {"scheme": p}, calibration=random_ids(4, 32)).save(root / p)
-           for p in PRESETS}
+    out = {p: quantkit.quantize(root / "bf16", r, calibration=random_ids(4, 32)).save(root / p)
+           for p, r in RECIPES.items()}
     return root / "bf16", out
 
 
@@ -43,7 +46,7 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", list(RECIPES))
 def test_transformers_compressed_tensors_equal_in_bf16(bf16_fp4, preset):
     src, out = bf16_fp4
     ids = random_ids(2, 16, seed=8)

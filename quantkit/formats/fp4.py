@@ -48,11 +48,12 @@ def compress_fp4_module(w: FP4Weight, scheme: QuantScheme, bias: torch.Tensor | 
     """Tensors of one FP4 Linear, named as the format names them (without the prefix)."""
     out = {"weight_packed": pack_fp4(w.codes), "weight_scale": w.scale.contiguous()}
     if fp4_kind(scheme.weights) == "nvfp4":
-        out["weight_global_scale"] = w.global_scale.float().reshape(1).contiguous()
+        # linears that share a global scale share the tensor: safetensors refuses shared storage
+        out["weight_global_scale"] = w.global_scale.to(torch.float32, copy=True).reshape(1)
     if bias is not None:
         out["bias"] = bias.contiguous()
     if input_global_scale is not None:
-        out["input_global_scale"] = input_global_scale.float().reshape(1).contiguous()
+        out["input_global_scale"] = input_global_scale.to(torch.float32, copy=True).reshape(1)
     return out
 
 
