@@ -20,6 +20,8 @@ from safetensors.torch import load_file
 
 import quantkit
 from quantkit.config.scheme import PRESETS
+from quantkit.evaluation.cli import _checkpoint_bits
+from quantkit.evaluation.plan import FIXED_GROUPS, plan
 
 from model_factory import random_ids
 
@@ -128,3 +130,13 @@ def test_smollm2_layers_bit_identical_to_compressor(smollm2_dir, tmp_path, prese
 def _scheme_dict(preset: str) -> dict:
     d = PRESETS[preset].to_dict()
     return {"weights": {k: d["weights"][k] for k in ("num_bits", "type", "symmetric", "group_size", "strategy")}}
+
+
+@pytest.mark.parametrize("preset", sorted(SCHEMES))
+def test_plan_names_the_checkpoint_format(tiny_fp4, preset):
+    """The evaluation's deployment footprint reads an FP4 checkpoint as its format (4 bits, the
+    format's own groups and 1-byte scales), not as FP8."""
+    kind = SCHEMES[preset].split("-")[0]
+    assert _checkpoint_bits(tiny_fp4[preset]) == kind
+    # 2 layers x (q, o: 64 x 64; k, v: 32 x 64; gate, up, down: 128 x 64) weights, one scale byte a group
+    assert plan(tiny_fp4[preset], weights=kind).scale_bytes == 2 * 36864 // FIXED_GROUPS[kind][0]
