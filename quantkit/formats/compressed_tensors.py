@@ -15,7 +15,7 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize
 from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind
-from quantkit.formats.fp4 import FP4_FORMATS, compress_fp4_module, decompress_fp4_module
+from quantkit.formats.fp4 import FP4_FORMATS, compress_fp4_module, decompress_fp4_module, unpack_fp4
 from quantkit.formats.packing import pack_int32, unpack_int32
 from quantkit.numerics.fp4 import FP4Weight
 
@@ -61,6 +61,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
 def unpack_module_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
     """``(codes, zero_point)`` as int8 from one module's tensor dict, whatever its format."""
     args = scheme.weights
+    if fp4_kind(args) is not None:
+        return unpack_fp4(tensors["weight_packed"]), None
     if "weight_packed" in tensors:
         shape = tuple(int(s) for s in tensors["weight_shape"].tolist())
         codes = unpack_int32(tensors["weight_packed"], args.num_bits, shape, dim=1)
