@@ -6,7 +6,13 @@ import shutil
 from pathlib import Path
 
 import torch
+from model_factory import make_outlier_llama_dir, random_ids
 from safetensors.torch import load_file, save_file
+
+import quantkit
+from quantkit.evaluation.api import flagged_measures
+from quantkit.evaluation.integrity import check_checkpoint
+from quantkit.evaluation.verdict import Thresholds, decide
 
 
 def _shard_of(folder: Path, key: str) -> Path:
@@ -62,3 +68,21 @@ def shuffled_run(t: torch.Tensor, words: int = 64, seed: int = 0) -> torch.Tenso
 
 def removed(t: torch.Tensor) -> None:
     return None
+
+
+def convert_outlier_model(root: Path, recipes: dict[str, dict]) -> tuple[Path, dict[str, Path]]:
+    """The outlier model (activation outliers, spread norms) and its conversion by each recipe."""
+    src = make_outlier_llama_dir(root / "src", outliers=4, factor=20.0, spread=1.0)
+    calib = random_ids(32, 64, vocab=256, seed=1)
+    out = {}
+    for name, r in recipes.items():
+        recipe = {"version": 1, "calibration": {"num_samples": 32, "max_seq_len": 64}, **r}
+        out[name] = quantkit.quantize(str(src), recipe, calibration=calib).save(root / name)
+    return src, out
+
+
+def judge(src: Path, ckpt: Path):
+    """The integrity report, the verdict on it, and the slices the verdict names."""
+    report = check_checkpoint(src, ckpt)
+    verdict = decide(flagged_measures(report, Thresholds()))
+    return report, verdict, {r.slice.removeprefix("integrity:") for r in verdict.reasons}

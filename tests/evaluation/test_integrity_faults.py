@@ -7,13 +7,10 @@ what AWQ and SmoothQuant exist for, and where GPTQ moves the most error between 
 """
 import pytest
 import torch
-from model_factory import make_outlier_llama_dir, random_ids
-from planted import doubled, nan_one, plant, removed, shuffled_run, zero_block
+from planted import convert_outlier_model, doubled, judge, nan_one, plant, removed, shuffled_run, zero_block
 
-import quantkit
-from quantkit.evaluation.api import flagged_measures
 from quantkit.evaluation.integrity import check_checkpoint
-from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 
 W4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}
 
@@ -47,20 +44,7 @@ MODULE = "model.layers.1.self_attn.q_proj"
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("integrity")
-    src = make_outlier_llama_dir(root / "src", outliers=4, factor=20.0, spread=1.0)
-    calib = random_ids(32, 64, vocab=256, seed=1)
-    out = {}
-    for name, r in {**RECIPES, **CLEAN_ONLY}.items():
-        recipe = {"version": 1, "calibration": {"num_samples": 32, "max_seq_len": 64}, **r}
-        out[name] = quantkit.quantize(str(src), recipe, calibration=calib).save(root / name)
-    return src, out
-
-
-def judge(src, ckpt):
-    report = check_checkpoint(src, ckpt)
-    verdict = decide(flagged_measures(report, Thresholds()))
-    named = {r.slice.removeprefix("integrity:") for r in verdict.reasons}
-    return report, verdict, named
+    return convert_outlier_model(root, {**RECIPES, **CLEAN_ONLY})
 
 
 @pytest.mark.parametrize("name", [*RECIPES, *CLEAN_ONLY])

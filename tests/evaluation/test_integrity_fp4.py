@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_factory import make_outlier_llama_dir, random_ids
-from planted import plant, removed, shuffled_run
+from planted import convert_outlier_model, judge, plant, removed, shuffled_run
 
-import quantkit
-from quantkit.evaluation.api import flagged_measures
-from quantkit.evaluation.integrity import check_checkpoint
-from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 
 RECIPES = {
     "nvfp4a16-rtn": {"scheme": "NVFP4A16"},
@@ -52,19 +48,7 @@ FAULTS = {
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("integrity-fp4")
-    src = make_outlier_llama_dir(root / "src", outliers=4, factor=20.0, spread=1.0)
-    calib = random_ids(32, 64, vocab=256, seed=1)
-    out = {}
-    for name, r in RECIPES.items():
-        recipe = {"version": 1, "calibration": {"num_samples": 32, "max_seq_len": 64}, **r}
-        out[name] = quantkit.quantize(str(src), recipe, calibration=calib).save(root / name)
-    return src, out
-
-
-def judge(src, ckpt):
-    report = check_checkpoint(src, ckpt)
-    verdict = decide(flagged_measures(report, Thresholds()))
-    return report, verdict, {r.slice.removeprefix("integrity:") for r in verdict.reasons}
+    return convert_outlier_model(root, RECIPES)
 
 
 @pytest.mark.parametrize("name", RECIPES)
