@@ -21,6 +21,7 @@ def test_strategy_inferred():
     ({"num_bits": 4, "type": "float", "group_size": 64}, "group_size"),
     ({"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}, "group_size"),
     ({"num_bits": 4, "type": "float", "group_size": 32, "dynamic": "local"}, "dynamic"),
+    ({"num_bits": 4, "strategy": "tensor_group", "group_size": 16}, "strategy"),   # int with a global scale
     ({"type": "float", "symmetric": False}, "symmetric"),
     ({"num_bits": 4, "actorder": "group"}, "actorder"),
     ({"num_bits": 4, "observer": "percentile"}, "observer"),

@@ -91,6 +91,8 @@ class QuantArgs:
                 raise invalid("strategy 'group' needs a positive group_size", "group_size")
         elif self.group_size is not None:
             raise invalid(f"only valid with strategy 'group' (strategy is {self.strategy!r})", "group_size")
+        if self.strategy == "tensor_group" and fp4_kind(self) != "nvfp4":
+            raise invalid("'tensor_group' (group scales under a global scale) is NVFP4's", "strategy")
         if self.dynamic == "local" and fp4_kind(self) != "nvfp4":
             raise invalid("'local' (group scales under a calibrated global scale) is NVFP4's", "dynamic")
         if self.strategy == "token" and not self.dynamic:
