@@ -5,7 +5,8 @@ reused): calibration windows from the Lee corpus after the held-out part, perple
 the first ``--eval-windows`` windows. Each run is its own subprocess (peak RSS is that run's).
 
 ``--suite w4`` (W4A16 symmetric, group ``--group-size``): fp32, RTN, AWQ without the clip
-search, AWQ, AWQ+GPTQ, GPTQ, and llm-compressor's AWQModifier when its interpreter exists
+search, AWQ (the options of ``recipes/awq-w4a16-g64.yaml``), AWQ+GPTQ, GPTQ (the options of
+``recipes/w4a16-g64-gptq.yaml``), and llm-compressor's AWQModifier when its interpreter exists
 (``--llmc-python``; ``benchmarks/llmc_awq.py`` runs it on the CPU).
 ``--suite w4-parts``: RTN W4A16 with one module kind (q/k/v, o_proj, gate/up, down_proj) kept
 in float at a time, to see where RTN's damage comes from.
@@ -16,6 +17,8 @@ packed int8 path (``quantkit.load``), not fake quantization.
 Usage:
     python benchmarks/awq.py --model smollm2 --suite w4 --json out.json
     python benchmarks/awq.py --model gemma3 --suite w8a8 --no-llmc
+    python benchmarks/awq.py --suite w4 --threads 1 --no-llmc --only awq,gptq --jobs 2
+    python benchmarks/awq.py --suite w4 --threads 1 --no-llmc --only awq,gptq --jobs 2 --layers 2
 """
 
 from __future__ import annotations
@@ -32,6 +35,15 @@ sys.path.insert(0, str(HERE.parent))
 import gptq as bench  # noqa: E402  (data, perplexity and subprocess helpers shared with the GPTQ benchmark)
 
 GPTQ_OPTIONS = {"block_size": 128, "dampening_frac": 0.01}
+#: The AWQ step's options in the "awq" run: the shipped recipe's (``--awq-options`` adds to them).
+SHIPPED_AWQ = HERE.parents[1] / "recipes" / "awq-w4a16-g64.yaml"
+
+
+def shipped_awq_options() -> dict:
+    import yaml
+
+    steps = yaml.safe_load(SHIPPED_AWQ.read_text())["steps"]
+    return dict(next(s["awq"] for s in steps if isinstance(s, dict) and "awq" in s))
 
 
 def w4_groups(group_size: int, observer: str, actorder: str | None = None) -> dict:
@@ -74,6 +86,25 @@ def suite_runs(suite: str, group_size: int, awq_options: dict) -> dict[str, dict
             "w8a8-sq+gptq": {"config_groups": W8A8_GROUPS, "steps": [sq, {"gptq": GPTQ_OPTIONS}]},
         }
     raise SystemExit(f"--suite: unknown suite {suite!r} (w4, w4-parts, w8a8)")
+
+
+def first_layers(folder: Path, layers: int) -> Path:
+    """A copy of the model with its first ``layers`` decoder layers only (cached): the per-layer
+    cost of each method without a whole-model run. Its perplexity measures nothing."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = bench.ROOT / ".cache" / "benchmarks" / f"{folder.name}-first{layers}"
+    if (target / "config.json").exists():
+        return target
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    if getattr(model.config, "layer_types", None):
+        model.config.layer_types = model.config.layer_types[:layers]
+    model.save_pretrained(target)
+    AutoTokenizer.from_pretrained(folder).save_pretrained(target)
+    return target
 
 
 def worker(spec: dict) -> dict:
@@ -140,6 +171,8 @@ def main() -> None:
     ap.add_argument("--llmc-python", default=str(bench.ROOT / ".venv-llmc" / "bin" / "python"))
     ap.add_argument("--timeout", type=int, default=7200)
     ap.add_argument("--only", help="comma-separated run labels")
+    ap.add_argument("--layers", type=int, help="the model's first LAYERS decoder layers only (cost per layer)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time (each its own subprocess)")
     ap.add_argument("--json", help="write all figures to this file")
     ap.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -149,6 +182,8 @@ def main() -> None:
         return
 
     folder = bench.model_dir(a.model)
+    if a.layers:
+        folder = first_layers(folder, a.layers)
     tok = bench.load_tokenizer(folder)
     bos = tok.bos_token_id if bench.encode_adds_bos(tok) else None
     lee = bench.encode(tok, bench.heldout_text())
@@ -160,26 +195,36 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     base = {"model_dir": str(folder), "calibration": calib, "eval": held, "bos": bos, "seq_len": a.seq_len,
             "group_size": a.group_size, "threads": a.threads, "workdir": str(workdir)}
-    awq_options = {} if a.search_tokens is None else {"search_tokens": a.search_tokens}
+    awq_options = shipped_awq_options()
+    if a.search_tokens is not None:
+        awq_options["search_tokens"] = a.search_tokens
     awq_options.update(json.loads(a.awq_options))
     only = set(a.only.split(",")) if a.only else None
     runs: dict[str, dict] = {}
 
-    def run(label: str, python: str, script: Path, spec: dict) -> None:
-        if only is not None and label not in only:
-            return
-        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
-        runs[label] = _run(python, script, spec, a.timeout)
-        print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(runs[label])[:300]}", file=sys.stderr, flush=True)
-
+    jobs: list[tuple[str, str, Path, dict]] = []
     for label, recipe in suite_runs(a.suite, a.group_size, awq_options).items():
-        run(label, sys.executable, HERE, {**base, "recipe": recipe})
+        jobs.append((label, sys.executable, HERE, {**base, "recipe": recipe}))
     llmc = Path(a.llmc_python)
     if a.suite == "w4" and not a.no_llmc:
         if llmc.exists():
-            run("llmc-awq", str(llmc), HERE.parent / "llmc_awq.py", base)
+            jobs.append(("llmc-awq", str(llmc), HERE.parent / "llmc_awq.py", base))
         else:
             print(f"llm-compressor interpreter not found at {llmc}: skipped", file=sys.stderr)
+    jobs = [j for j in jobs if only is None or j[0] in only]
+
+    def run(job: tuple[str, str, Path, dict]) -> dict:
+        label = job[0]
+        print(f"[{time.strftime('%H:%M:%S')}] {label} ...", file=sys.stderr, flush=True)
+        result = _run(*job[1:], a.timeout)
+        print(f"[{time.strftime('%H:%M:%S')}] {label}: {json.dumps(result)[:300]}", file=sys.stderr, flush=True)
+        return result
+
+    # --jobs 2: the runs side by side, each on its own thread count, under the same load
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        runs.update(zip([j[0] for j in jobs], pool.map(run, jobs)))
     report(a, runs, len(calib), sum(map(len, held)))
     if a.json:
         Path(a.json).write_text(json.dumps({"args": vars(a), "runs": runs}, indent=2))
@@ -203,7 +248,8 @@ def _run(python: str, script: Path, spec: dict, timeout: int) -> dict:
 
 
 def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
-    print(f"\nmodel {a.model}; suite {a.suite} (g{a.group_size} for w4); calibration {n_calib} x {a.seq_len} "
+    layers = f" (its first {a.layers} layers)" if a.layers else ""
+    print(f"\nmodel {a.model}{layers}; suite {a.suite} (g{a.group_size} for w4); calibration {n_calib} x {a.seq_len} "
           f"tokens (Lee corpus); held-out {eval_tokens} tokens; {a.threads} threads")
     print(f"{'run':16s} {'wall s':>8s} {'CPU s':>8s} {'peak RSS MB':>12s} {'perplexity':>11s} {'vs fp32':>8s}  transforms")
     fp = runs.get("fp32", {}).get("perplexity")

@@ -32,6 +32,14 @@ def _fail(msg: str) -> None:
     raise typer.Exit(code=2)
 
 
+def _args_text(d: dict) -> str:
+    """'float8 block 128x128', 'float8 group g32 e8m0', 'int3 group g64' from a QuantArgs dict."""
+    text = f"{d['type']}{d['num_bits']} {d['strategy']}" + (f" g{d['group_size']}" if d["group_size"] else "")
+    if d.get("block_structure"):
+        text += " {}x{}".format(*d["block_structure"])
+    return text + (" e8m0" if d.get("scale_dtype") == "torch.uint8" else "")
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -332,8 +340,8 @@ def inspect(path: Path = typer.Argument(..., help="Quantized checkpoint folder."
     typer.echo(f"{info['path']}: {info['architecture']}, format {info['format']}, steps {' -> '.join(info['steps']) or '?'}")
     for name, g in info["config_groups"].items():
         w, a = g["weights"], g["input_activations"]
-        wdesc = f"{w['type']}{w['num_bits']} {w['strategy']}" + (f" g{w['group_size']}" if w["group_size"] else "") + ("" if w["symmetric"] else " asym") if w else "-"
-        adesc = f"{a['type']}{a['num_bits']} {a['strategy']}{' dynamic' if a['dynamic'] else ' static'}" if a else "none"
+        wdesc = _args_text(w) + ("" if w["symmetric"] else " asym") if w else "-"
+        adesc = f"{_args_text(a)}{' dynamic' if a['dynamic'] else ' static'}" if a else "none"
         typer.echo(f"  {name}: targets {g['targets']}  weights {wdesc}  activations {adesc}  ({g['format']})")
     typer.echo(f"  kept in high precision: {', '.join(info['ignore']) or 'none'}")
     typer.echo(f"  modules by format: {info['modules_by_format']}")

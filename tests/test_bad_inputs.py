@@ -150,14 +150,23 @@ def config_empty(w, tmp):
 
 
 @case
-def pack_quantized_3_bits(w, tmp):
-    return convert(w.model, tmp, recipe=recipe_file(tmp, GROUP.format(bits=3, gs=32))), \
-        "config_groups.g.weights.num_bits: pack-quantized packs 2, 4 or 8 bits, got 3"
+def int_9_bits(w, tmp):
+    return convert(w.model, tmp, recipe=recipe_file(tmp, GROUP.format(bits=9, gs=32))), \
+        "config_groups.g.weights.num_bits: int quantization supports 2..8 bits, got 9"
 
 
 @case
-def pack_quantized_5_bits(w, tmp):
-    return convert(w.model, tmp, recipe=recipe_file(tmp, GROUP.format(bits=5, gs=32))), "got 5"
+def block_that_does_not_divide(w, tmp):
+    return convert(w.model, tmp, recipe=recipe_file(tmp, "version: 1\nscheme: FP8_BLOCK\n")), \
+        "weights (model.layers.0.self_attn.q_proj): block_structure [128, 128] does not divide the weight [64, 64]"
+
+
+@case
+def activation_group_that_does_not_divide(w, tmp):
+    text = ("version: 1\nscheme:\n  weights: {num_bits: 8, type: float, strategy: block, block_structure: [32, 32]}\n"
+            "  input_activations: {num_bits: 8, type: float, strategy: group, group_size: 48, dynamic: true}\n")
+    return convert(w.model, tmp, recipe=recipe_file(tmp, text)), \
+        "input_activations (model.layers.0.self_attn.q_proj): group_size 48 does not divide in_features 64"
 
 
 @case

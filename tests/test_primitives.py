@@ -53,8 +53,11 @@ def test_constant_zero_weight_does_not_divide_by_zero():
 
 
 # SQNR floors on Gaussian weights, per preset (measured 19.1 / 20.0 / 42.6 / 42.6 / 31.5 / 31.6 dB;
+# fp8 blocks and MX groups 31.6 / 31.5; int g128 at 2, 3, 5, 6, 7 bits 5.2 / 12.5 / 25.4 / 31.6 / 37.7;
 # FP4 on seeds 7 and 11: NVFP4 20.46 / 20.46, MXFP4 19.01 / 19.04 dB).
 SQNR_FLOOR = {"W4A16": 18.5, "W4A16_ASYM": 19.3, "W8A16": 41.5, "W8A8": 41.5, "FP8": 30.5, "FP8_DYNAMIC": 30.5,
+              "FP8_BLOCK": 30.5, "MXFP8A16": 30.5, "MXFP8": 30.5, "W4AFP8": 18.5, "W4A8": 18.5,
+              "W2A16": 4.5, "W3A16": 12.0, "W5A16": 24.8, "W6A16": 31.0, "W7A16": 37.0,
               "NVFP4A16": 20.2, "NVFP4": 20.2, "MXFP4A16": 18.8, "MXFP4": 18.8}
 
 

@@ -19,12 +19,19 @@ from quantkit.config.scheme import QuantArgs
 
 # (id, recipe text, the key path and message the one line must carry)
 BAD = [
-    ("pack-3-bits", "config_groups:\n  group_0:\n    weights: {num_bits: 3, group_size: 32}\n",
-     "config_groups.group_0.weights.num_bits: pack-quantized packs 2, 4 or 8 bits, got 3"),
-    ("pack-5-bits", "config_groups:\n  group_0:\n    weights: {num_bits: 5, strategy: channel}\n",
-     "config_groups.group_0.weights.num_bits: pack-quantized packs 2, 4 or 8 bits, got 5"),
-    ("pack-3-bits-inline-scheme", "scheme: {weights: {num_bits: 3}}\n",
-     "scheme.weights.num_bits: pack-quantized packs 2, 4 or 8 bits, got 3"),
+    ("int-9-bits", "config_groups:\n  group_0:\n    weights: {num_bits: 9, group_size: 32}\n",
+     "config_groups.group_0.weights.num_bits: int quantization supports 2..8 bits, got 9"),
+    ("block-without-structure", "scheme: {weights: {num_bits: 8, type: float, strategy: block}}\n",
+     "scheme.weights.block_structure: strategy 'block' needs block_structure [rows, columns]"),
+    ("mx-scales-on-int", "scheme: {weights: {num_bits: 4, group_size: 32, scale_dtype: torch.uint8}}\n",
+     "scheme.weights.scale_dtype: E8M0 scales (torch.uint8) need float values in groups of 32 (MX)"),
+    ("fp8-scales-outside-nvfp4", "scheme: {weights: {num_bits: 8, type: float, scale_dtype: torch.float8_e4m3fn}}\n",
+     "scheme.weights.scale_dtype: FP8 (E4M3) scales under a global scale are NVFP4's"),
+    ("e8m0-scales-on-nvfp4", "scheme: {weights: {num_bits: 4, type: float, group_size: 16, scale_dtype: torch.uint8}}\n",
+     "scheme.weights.scale_dtype: NVFP4 scales are torch.float8_e4m3fn, got torch.uint8"),
+    ("int-activation-groups", "scheme: {weights: {num_bits: 4, group_size: 32}, input_activations: "
+     "{num_bits: 8, strategy: group, group_size: 32, dynamic: true}}\n",
+     "scheme.input_activations.strategy: 'group' is not supported for activations"),
     ("symmetric-string", "config_groups:\n  group_0:\n    weights: {num_bits: 4, group_size: 32, symmetric: 'false'}\n",
      "config_groups.group_0.weights.symmetric: expected true or false, got 'false'"),
     ("num-bits-float", "config_groups:\n  group_0:\n    weights: {num_bits: 4.0, group_size: 32}\n",

@@ -58,8 +58,12 @@ def test_presets_and_formats():
 
 def test_impossible_activation_schemes():
     w8 = QuantArgs(num_bits=8)
-    with pytest.raises(QuantkitError, match="input_activations"):
-        QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=64), QuantArgs(num_bits=8, dynamic=True))
+    with pytest.raises(QuantkitError, match="input_activations"):   # int4 weights: activations per token
+        QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=64), QuantArgs(num_bits=8, strategy="tensor"))
+    with pytest.raises(QuantkitError, match="input_activations"):   # 4-bit activations
+        QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=64), QuantArgs(num_bits=4, dynamic=True))
+    w4a8 = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=64), QuantArgs(num_bits=8, dynamic=True))
+    assert w4a8.format == "int-quantized"
     with pytest.raises(QuantkitError, match="weights.dynamic"):
         QuantScheme(("Linear",), QuantArgs(num_bits=8, dynamic=True, strategy="channel"))
     assert QuantScheme(("Linear",), w8, QuantArgs(num_bits=8, dynamic=True)).format == "int-quantized"

@@ -92,9 +92,11 @@ def weight_bytes(args: QuantArgs | None, out_features: int, in_features: int, dt
     if args is None:
         return out_features * in_features * elt
     n_scales = {"tensor": 1, "channel": out_features}.get(args.strategy)
-    if n_scales is None:   # group
+    if args.strategy == "block":
+        n_scales = (out_features // args.block_structure[0]) * (in_features // args.block_structure[1])
+    elif n_scales is None:   # group
         n_scales = out_features * (in_features // args.group_size)
-    size = n_scales * elt
+    size = n_scales * (1 if args.is_mx else elt)   # MX scales: one E8M0 byte each
     if args.type == "float":
         size += out_features * in_features   # float8 codes, one byte each
     else:

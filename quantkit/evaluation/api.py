@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 from quantkit.errors import QuantkitError
 from quantkit.kernels import backend_fallbacks
 
-from quantkit.evaluation.bootstrap import row_intervals
+from quantkit.evaluation.bootstrap import prompt_interval, row_intervals
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
 from quantkit.evaluation.backends.in_process import InProcessBackend
 from quantkit.evaluation.backends.served import ServedModels, ServedPass
@@ -25,6 +25,7 @@ from quantkit.evaluation.generation import prefix_agreement
 from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
 from quantkit.evaluation.measures import measure_values
+from quantkit.evaluation.measures.generation import prompt_agreements
 from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
@@ -37,6 +38,10 @@ if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
+# generation prompts per text: its openings of 1, 2 and 3 times SuiteOptions.prompt_tokens. A slice
+# holds a dozen texts or more, and greedy agreement over 8 prompts moved by 0.1 between two runs of
+# equally good 8-bit kernels (docs/evaluate.md, "Greedy agreement")
+GEN_OPENINGS = 3
 
 
 @dataclass
@@ -107,17 +112,20 @@ def _scored_budget(items: list[dict], encoded, budget: int | None):
 
 
 def _generation_prompts(tokenizer, items: list[dict], encoded, prompt_tokens: int, limit: int) -> list[list[int]]:
-    """A text's opening; a business row's own prompt (what its reply is generated from, through
-    the chat template: business.py), its last ``limit`` tokens."""
-    out = []
+    """Texts' openings of ``prompt_tokens``, then of twice and three times as many (the first
+    opening of every text comes first); a business row's own prompt (what its reply is generated
+    from, through the chat template: business.py), its last ``limit`` tokens."""
+    rows, openings = [], [[] for _ in range(GEN_OPENINGS)]
     for it, e in zip(items, encoded):
         if it.get("gen_prompt"):
             ids = encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]
             if len(ids) >= 8:
-                out.append(ids)
-        elif len(e.ids) >= prompt_tokens + 8:
-            out.append(e.ids[:prompt_tokens])
-    return out
+                rows.append(ids)
+            continue
+        for j, out in enumerate(openings):
+            if len(e.ids) >= (j + 1) * prompt_tokens + 8:
+                out.append(e.ids[:(j + 1) * prompt_tokens])
+    return rows + [p for out in openings for p in out]
 
 
 @dataclass
@@ -226,6 +234,7 @@ def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: Sco
         prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
                                       min(limit, opt.business_prompt_tokens))
         scored.generations = backend.continuations(prompts[:opt.gen_prompts], opt.gen_tokens, opt.gen_batch)
+        out.values.update(prompt_interval("gen_agreement", prompt_agreements(scored)))
         out.examples += _worst_generation(sl, scored.generations, tokenizer, run.show)
     return texts
 

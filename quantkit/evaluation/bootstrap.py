@@ -51,3 +51,14 @@ def row_intervals(items) -> dict[str, list[float]]:
         if ci is not None:
             out[f"{m.name}_ci"] = [m.from_ratio(x) for x in ci] if m.from_ratio else list(ci)
     return out
+
+
+def prompt_interval(measure: str, values: list[float]) -> dict[str, list[float]]:
+    """``<measure>_ci`` for a mean over prompts (each prompt a row of weight 1); none for fewer
+    than 2 prompts.
+
+    >>> prompt_interval("gen_agreement", [1.0, 1.0])
+    {'gen_agreement_ci': [1.0, 1.0]}
+    """
+    ci = ratio_interval(values, [1.0] * len(values))
+    return {} if ci is None else {f"{measure}_ci": list(ci)}

@@ -21,7 +21,8 @@ from quantkit.errors import QuantkitError
 from quantkit.config.sizes import size_bytes
 
 BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
-        "fp8": 8, "float8": 8, "int8": 8, "int4": 4, "int3": 3, "int2": 2, "nvfp4": 4, "mxfp4": 4}
+        "fp8": 8, "float8": 8, "int8": 8, "int7": 7, "int6": 6, "int5": 5, "int4": 4, "int3": 3, "int2": 2,
+        "nvfp4": 4, "mxfp4": 4}
 # Formats whose groups are part of the format: (group size, bytes of each group's scale). NVFP4's
 # scales are FP8 (its per-tensor global scales add 4 bytes a tensor, left out), MXFP4's E8M0.
 FIXED_GROUPS = {"nvfp4": (16, 1), "mxfp4": (32, 1)}

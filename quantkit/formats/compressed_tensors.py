@@ -17,10 +17,11 @@ from quantkit.numerics.primitives import dequantize
 from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind
 from quantkit.formats.fp4 import FP4_FORMATS, compress_fp4_module, decompress_fp4_module, unpack_fp4
 from quantkit.formats.packing import pack_int32, unpack_int32
+from quantkit.numerics.e8m0 import exponent_to_scale, scale_to_exponent
 from quantkit.numerics.fp4 import FP4Weight
 
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
-FORMATS = ("pack-quantized", "int-quantized", "float-quantized", *FP4_FORMATS)
+FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized", *FP4_FORMATS)
 
 
 def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
@@ -37,6 +38,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
     args = scheme.weights
     fmt = scheme.format
     out: dict[str, torch.Tensor] = {"weight_scale": scale.contiguous()}
+    if args.is_mx:   # powers of two, stored as their E8M0 exponents
+        out["weight_scale"] = scale_to_exponent(scale).contiguous()
     if fmt == "pack-quantized":
         out["weight_packed"] = pack_int32(q, args.num_bits, dim=1)
         out["weight_shape"] = torch.tensor(list(q.shape), dtype=torch.int64)
@@ -80,7 +83,10 @@ def decompress_module(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme,
     if fp4_kind(scheme.weights) is not None:
         return decompress_fp4_module(tensors, scheme, dtype)
     codes, zp = unpack_module_codes(tensors, scheme)
-    return dequantize(codes, tensors["weight_scale"], zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
+    scale = tensors["weight_scale"]
+    if scheme.weights.is_mx:
+        scale = exponent_to_scale(scale)
+    return dequantize(codes, scale, zp, scheme.weights, tensors.get("weight_g_idx"), dtype)
 
 
 # -- config -------------------------------------------------------------------------------------
@@ -124,8 +130,11 @@ def parse_quantization_config(qc: Mapping[str, Any], where: str = "config.json")
 
 
 def _args_from_ct(d: Mapping[str, Any], where: str) -> QuantArgs:
-    keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder"}
-    d = {k: v for k, v in d.items() if k in keep}
+    keep = {"num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "actorder",
+            "block_structure", "scale_dtype"}
+    d = {k: v for k, v in d.items() if k in keep and not (k in ("block_structure", "scale_dtype") and v is None)}
+    if isinstance(d.get("block_structure"), list):
+        d["block_structure"] = tuple(d["block_structure"])
     try:
         return QuantArgs(**d)
     except QuantkitError as e:

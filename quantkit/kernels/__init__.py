@@ -76,11 +76,15 @@ def backend_for_format(fmt: str, name: str, explicit: bool) -> str:
     _ensure_loaded()
     if explicit or (fmt, name) in BACKENDS:
         return name
-    reason = f"kernel backend: {name} has no kernel for {fmt}; the slower torch reference runs it"
+    record_fallback(f"kernel backend: {name} has no kernel for {fmt}; the slower torch reference runs it")
+    return "torch"
+
+
+def record_fallback(reason: str) -> None:
+    """A module runs the torch reference instead of the backend asked for: a warning, once per reason."""
     if reason not in _fallbacks:
         _log.warning("%s", reason)
         _fallbacks.append(reason)
-    return "torch"
 
 
 _loaded = False

@@ -16,6 +16,8 @@ from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantiz
 from quantkit.kernels import register_backend
 from quantkit.config.scheme import fp4_kind
 from quantkit.formats.fp4 import FP4_FORMATS, unpack_fp4
+from quantkit.kernels.dequant_linear import dequant_linear, needs_dequant_linear
+from quantkit.numerics.e8m0 import exponent_to_scale
 from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4, fake_quantize_fp4_input
 
 
@@ -33,7 +35,10 @@ def dequantized_weight(layer) -> torch.Tensor:
             zp = unpack_int32(layer.weight_zero_point, layer.num_bits, (layer.out_features, layer.weight_scale.shape[-1]), dim=0)
     else:
         q, zp = layer.weight, layer.weight_zero_point
-    w = dequantize(q, layer.weight_scale, zp, args, layer.weight_g_idx)
+    scale = layer.weight_scale
+    if args.is_mx:   # E8M0 exponents in the checkpoint
+        scale = exponent_to_scale(scale, layer.dtype)
+    w = dequantize(q, scale, zp, args, layer.weight_g_idx)
     if getattr(layer, "cache_dequantized", True):
         layer._cache["w"] = w
     return w
@@ -41,6 +46,8 @@ def dequantized_weight(layer) -> torch.Tensor:
 
 @register_backend("pack-quantized", "torch")
 def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     w = dequantized_weight(layer).to(x.dtype)
     return F.linear(x, w, None if layer.bias is None else layer.bias.to(x.dtype))
 
@@ -63,6 +70,8 @@ def _weight_scale_row(layer) -> torch.Tensor:
 
 @register_backend("int-quantized", "torch")
 def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     xq, xs = _act_codes(x2, layer, float_type=False)
@@ -86,6 +95,8 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 @register_backend("float-quantized", "torch")
 def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    if needs_dequant_linear(layer):
+        return dequant_linear(x, layer, dequantized_weight(layer))
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if layer.scheme.input_activations is None:  # FP8 weight-only
@@ -99,6 +110,11 @@ def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     if layer.bias is not None:
         y = y + layer.bias.float()
     return y.to(x.dtype).reshape(*shape[:-1], layer.out_features)
+
+
+@register_backend("mxfp8-quantized", "torch")
+def mxfp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    return dequant_linear(x, layer, dequantized_weight(layer))
 
 
 # -- FP4 (NVFP4, MXFP4): emulated, as no CPU kernel computes in FP4 ---------------------------------

@@ -27,7 +27,7 @@ from typing import Literal
 
 import torch
 
-from quantkit.numerics.e8m0 import e8m0_decode, e8m0_from_amax
+from quantkit.numerics.e8m0 import exponent_to_scale, scale_exponent
 
 FP4Kind = Literal["nvfp4", "mxfp4"]
 E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
@@ -106,7 +106,7 @@ def group_amax(x: torch.Tensor, group_size: int) -> torch.Tensor:
 def effective_scale(scale: torch.Tensor, global_scale: torch.Tensor | None, kind: FP4Kind) -> torch.Tensor:
     """The float32 step of each group: ``scale / global`` (NVFP4) or ``2 ** e`` (MXFP4)."""
     if kind == "mxfp4":
-        return e8m0_decode(scale)
+        return exponent_to_scale(scale)
     return scale.float() / global_scale.float()
 
 
@@ -123,7 +123,7 @@ def fp4_scales(w: torch.Tensor, kind: FP4Kind, global_scale: torch.Tensor | None
     """
     amax = group_amax(w, GROUP_SIZE[kind])
     if kind == "mxfp4":
-        return e8m0_from_amax(amax, FP4_EMAX), None
+        return scale_exponent(amax, FP4_EMAX), None
     if global_scale is None:
         global_scale = nvfp4_global_scale(w.abs().amax())
     return nvfp4_group_scales(amax, global_scale), global_scale
@@ -158,7 +158,7 @@ def fake_quantize_fp4_input(x: torch.Tensor, kind: FP4Kind, global_scale: torch.
     """
     amax = group_amax(x, GROUP_SIZE[kind])
     if kind == "mxfp4":
-        scale = e8m0_from_amax(amax, FP4_EMAX)
+        scale = scale_exponent(amax, FP4_EMAX)
     else:
         scale = nvfp4_group_scales(amax, global_scale)
     step = _expand(effective_scale(scale, global_scale, kind), GROUP_SIZE[kind])

@@ -16,13 +16,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
 from quantkit.config.scheme import QuantArgs
+from quantkit.numerics.blocks import block_reduce, expand_blocks
+from quantkit.numerics.e8m0 import exponent_to_scale, scale_exponent
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
+FP8_EMAX = int(math.floor(math.log2(FP8_MAX)))  # 8: the E8M0 offset of MXFP8 (numerics/e8m0.py)
 
 
 # -- observing ranges ----------------------------------------------------------------
@@ -39,6 +43,8 @@ def reduce_minmax(x: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None =
         return x.amin().reshape(1), x.amax().reshape(1)
     if args.strategy in ("channel", "token"):
         return x.amin(dim=-1, keepdim=True), x.amax(dim=-1, keepdim=True)
+    if args.strategy == "block":
+        return block_reduce(x, args.block_structure, "amin"), block_reduce(x, args.block_structure, "amax")
     # group
     out, cols = x.shape
     if g_idx is None:
@@ -61,6 +67,8 @@ def calculate_qparams(min_vals: torch.Tensor, max_vals: torch.Tensor, args: Quan
     dtype = dtype or min_vals.dtype
     lo = torch.clamp(min_vals.float(), max=0.0)
     hi = torch.clamp(max_vals.float(), min=0.0)
+    if args.is_mx:   # a power of two per group (E8M0), never zero
+        return exponent_to_scale(scale_exponent(torch.maximum(lo.abs(), hi), FP8_EMAX), dtype), None
     if args.type == "float":
         scale = torch.maximum(lo.abs(), hi) / FP8_MAX
         zp = None
@@ -73,14 +81,17 @@ def calculate_qparams(min_vals: torch.Tensor, max_vals: torch.Tensor, args: Quan
         scale = (hi - lo) / (args.qmax - args.qmin)
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         zp = torch.round(args.qmin - lo / scale).clamp(args.qmin, args.qmax).to(torch.int8)
-    tiny = torch.finfo(dtype).tiny if dtype.is_floating_point else 1e-12
-    scale = torch.where(scale == 0, torch.full_like(scale, max(tiny, 1e-12)), scale).to(dtype)
+    # an all-zero range's scale: the scale dtype's epsilon, the value compressed-tensors writes
+    floor = torch.finfo(dtype).eps if dtype.is_floating_point else 1e-12
+    scale = torch.where(scale == 0, torch.full_like(scale, floor), scale).to(dtype)
     return scale, zp
 
 
 # -- quantize / dequantize -------------------------------------------------------------
 def _expand(t: torch.Tensor, shape: torch.Size, args: QuantArgs, g_idx: torch.Tensor | None) -> torch.Tensor:
     """Broadcast a scale or zero point to the full tensor shape."""
+    if args.strategy == "block":
+        return expand_blocks(t, args.block_structure, shape)
     if args.strategy != "group":
         return t
     if g_idx is None:  # contiguous groups: a broadcast view, no gather
@@ -192,6 +203,8 @@ def _reduce_sum(err: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, 
         return err.sum().reshape(1)
     if args.strategy in ("channel", "token"):
         return err.sum(dim=-1, keepdim=True)
+    if args.strategy == "block":
+        return block_reduce(err, args.block_structure, "sum")
     out, cols = err.shape
     idx = group_index(cols, args, g_idx).to(err.device).expand(out, cols)
     return torch.zeros(shape, dtype=err.dtype, device=err.device).scatter_add(1, idx, err)

@@ -14,7 +14,8 @@ from torch import nn
 
 from quantkit.formats.packing import packed_cols
 from quantkit.config.scheme import QuantScheme, fp4_kind
-from quantkit.kernels import get_backend
+from quantkit.kernels import get_backend, record_fallback
+from quantkit.kernels.dequant_linear import reference_only
 
 
 class QuantLinear(nn.Module):
@@ -37,6 +38,8 @@ class QuantLinear(nn.Module):
             scale_shape = (out_features, in_features // w.group_size)
         elif w.strategy == "channel":
             scale_shape = (out_features, 1)
+        elif w.strategy == "block":
+            scale_shape = (out_features // w.block_structure[0], in_features // w.block_structure[1])
         else:
             scale_shape = (1,)
         if fp4_kind(w) is not None:
@@ -69,7 +72,8 @@ class QuantLinear(nn.Module):
     def _buffers_for(self, w, a, scale_shape, dtype, kw) -> None:
         """The integer and FP8 formats' tensors."""
         in_features, out_features = self.in_features, self.out_features
-        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=dtype, **kw))
+        # MX scales are E8M0 exponents, one byte each
+        self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=torch.uint8 if w.is_mx else dtype, **kw))
         if self.format == "pack-quantized":
             self.register_buffer("weight_packed", torch.empty((out_features, packed_cols(in_features, w.num_bits)), dtype=torch.int32, **kw))
             self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=kw["device"]))
@@ -92,7 +96,11 @@ class QuantLinear(nn.Module):
             self.input_scale = None
 
     def set_backend(self, name: str) -> None:
-
+        if name == "triton" and reference_only(self):
+            record_fallback(f"kernel backend: no Triton kernel computes {self.format} {self.num_bits}-bit "
+                            f"{self.weight_strategy} weights with {self.input_strategy or 'no'} activation "
+                            "quantization; those modules run the torch reference")
+            name = "torch"
         self._kernel = get_backend(self.format, name)
         self.backend = name
         self._cache.clear()

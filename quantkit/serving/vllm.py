@@ -35,8 +35,20 @@ from quantkit.serving.processes import session_members, stop_session
 
 ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).with_name("watchdog.py")
-PROBE = "import json, torch, vllm; print(json.dumps({'vllm': vllm.__version__, 'torch': torch.__version__, " \
-        "'cuda': torch.cuda.is_available()}))"
+# what the engine Python holds, read from its packages' metadata: importing vLLM itself costs 4-5 CPU
+# seconds, on the critical path of every command (a broken install fails at the server's start, with
+# its own error line); torch is imported only where its build could have CUDA
+PROBE = """
+import importlib.metadata as md, importlib.util as iu, json
+if iu.find_spec("vllm") is None:
+    raise SystemExit("No module named 'vllm'")
+dist, torch_version = (md.packages_distributions().get("vllm") or ["vllm"])[0], md.version("torch")
+cuda = False
+if "+cpu" not in torch_version:
+    import torch
+    cuda = torch.cuda.is_available()
+print(json.dumps({"vllm": md.version(dist), "torch": torch_version, "cuda": cuda}))
+"""
 # the engine's own configuration line: "Initializing a V1 LLM engine (v0.32.0) with config: model=..., dtype=..."
 CONFIG_KEYS = ("dtype", "max_seq_len", "quantization", "kv_cache_dtype", "enable_prefix_caching",
                "enable_chunked_prefill", "device_config")

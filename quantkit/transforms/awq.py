@@ -14,6 +14,12 @@ target's grid). "Duo scaling" uses ``w̄``; without it ``s = x̄^r``. The scales
 layer (``transforms.fold_scales``): the float layer is unchanged, the quantized one keeps
 its salient channels.
 
+The loss is computed at the least cost (``transforms.ratio_loss``): where ``P`` is the balance
+linear itself it is ``tr(Δ G Δᵀ)`` over the sample's input Gram ``G`` (no forward per
+candidate); where ``P`` must run, every candidate runs on the first sample batch and only the
+``finalists`` best of them (and no scaling) on the rest, so the choice is the exhaustive
+search's whenever that candidate is among the first batch's best.
+
 Then, per target linear and per group (row ``o``, group ``g``), a clip ratio ``c``
 shrinks the group's range to ``c * max|w|`` before quantization, chosen from
 ``{1, 1 - max_shrink/n, ...}`` to minimise the group's output error
@@ -46,6 +52,7 @@ from quantkit.config.scheme import QuantArgs
 from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
 from quantkit.transforms.observe import ChannelStats, observe_layer, search_batches
 from quantkit.transforms.fold import fold_scales, mapping_applies, tie_of
+from quantkit.transforms.ratio_loss import LinearReplay, screened_losses
 
 
 def minmax(args: QuantArgs) -> QuantArgs:
@@ -76,26 +83,31 @@ def candidate_scales(x_mean: torch.Tensor, w_mean: torch.Tensor | None, ratio: f
 
 
 def clip_search(w: torch.Tensor, gram: torch.Tensor, args: QuantArgs, grid: int, max_shrink: float) -> torch.Tensor:
-    """Per (row, group) clip ratio minimising the group's output error ``d^T G d``; ``[out, groups]``."""
+    """Per (row, group) clip ratio minimising the group's output error ``d^T G d``; ``[out, groups]``.
+
+    The ratios are tried in order and a later one must be strictly better, so ties keep the wider range.
+    """
     out, cols = w.shape
     g = gram.shape[-1]
-    wg = w.float().view(out, -1, g)
-    best_err = torch.full((out, cols // g), float("inf"))
-    best = torch.ones(out, cols // g)
-    hi, lo = wg.amax(-1), wg.amin(-1)
+    # groups first ([groups, out, g]): each ratio's error is one batched product with no copy
+    wt = w.float().view(out, -1, g).transpose(0, 1).contiguous()
+    best_err = torch.full(wt.shape[:2], float("inf"))
+    best = torch.ones_like(best_err)
+    hi, lo = wt.amax(-1), wt.amin(-1)
+    absmax = torch.maximum(hi.abs(), lo.abs())
     for i in range(int(max_shrink * grid) + 1):
         c = 1.0 - i / grid
         if args.symmetric:
-            d = wg - _clipped_symmetric(wg, torch.maximum(hi.abs(), lo.abs()) * c, args)
+            d = _clipped_symmetric(wt, absmax * c, args).sub_(wt)
         else:
-            clipped = torch.maximum(torch.minimum(wg, (hi * c)[..., None]), (lo * c)[..., None])
-            d = wg - fake_quantize_weight(clipped.view(out, cols), args).view(out, -1, g)
-        # d^T G_g d per (row, group): one batched product per group, [groups, out, g] @ [groups, g, g]
-        err = (torch.bmm(d.transpose(0, 1), gram).transpose(0, 1) * d).sum(-1)
+            clipped = torch.maximum(torch.minimum(wt, (hi * c)[..., None]), (lo * c)[..., None])
+            rows = fake_quantize_weight(clipped.transpose(0, 1).reshape(out, cols), args)
+            d = rows.view(out, -1, g).transpose(0, 1).sub(wt)
+        err = torch.bmm(d, gram).mul_(d).sum(-1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        best = torch.where(better, torch.full_like(best, c), best)
-    return best
+        best.masked_fill_(better, c)
+    return best.T
 
 
 def _clipped_symmetric(wg: torch.Tensor, bound: torch.Tensor, args: QuantArgs) -> torch.Tensor:
@@ -183,6 +195,7 @@ class AWQ(Transform):
     search_clip_grid: int | None = None  # the clip grid inside the ratio search (None: clip_grid)
     clip_sweeps: int = 0            # then sweeps over groups scoring each row's whole output error
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
+    finalists: int = 4              # ratios the first of those batches passes on to the rest (> grid: all)
     skip_first: int = 0             # first tokens of each row left out of statistics, Grams and losses
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
@@ -197,6 +210,8 @@ class AWQ(Transform):
             raise QuantkitError(f"skip_first: must be >= 0, got {self.skip_first}")
         if self.search_tokens < 1:
             raise QuantkitError(f"search_tokens: must be >= 1, got {self.search_tokens}")
+        if self.finalists < 1:
+            raise QuantkitError(f"finalists: must be >= 1, got {self.finalists}")
 
     # -- search ------------------------------------------------------------------------------
     def search(self, ctx: LayerContext) -> TransformResult:
@@ -215,7 +230,11 @@ class AWQ(Transform):
         scales_of: dict[str, torch.Tensor] = {}      # per balance linear: the scales its inputs get
         clip_of = {n: (minmax(a), stats[n].group_gram()) for n, a in targets.items()} if self.clip_in_search else {}
         for m in mappings:
-            s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replays[m.parent], clip_of)
+            replay = replays[m.parent]
+            parent = ctx.layer.get_submodule(m.parent)
+            if m.balance == (m.parent,) and isinstance(parent, nn.Linear):   # its error in Gram form
+                replay = LinearReplay.from_calls(parent, replay.calls)
+            s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replay, clip_of)
             tensors[f"scales.{m.smooth}"] = s
             summary[m.smooth] = info
             for b in m.balance:
@@ -258,34 +277,49 @@ class AWQ(Transform):
         tie = tie_of(ctx.layer, m, ctx.config)
         x_mean = tie.reduce(st.abs_mean)
         w_mean = tie.reduce(weight_salience(originals, args[0])) if self.duo_scaling else None
+        # no scaling (None) is a candidate too: with duo scaling r = 0 gives 1 / w̄, not 1, and on a
+        # mapping where every scaled grid loses, the scales must not make it worse
+        scales = {None: torch.ones_like(x_mean)}
+        scales.update({i / self.grid: candidate_scales(x_mean, w_mean, i / self.grid) for i in range(self.grid)})
 
-        def loss_with(s: torch.Tensor) -> float:
+        order = {r: i for i, r in enumerate(scales)}
+        kept: dict = {}     # candidate -> (first part's loss, order, weights) for those a later part may run
+
+        def quantized(s: torch.Tensor) -> list[torch.Tensor]:   # the balance weights as scaled and rounded
             cols = tie.expand(s)
-            for lin, w, a, clip in zip(lins, originals, args, clips):
+            out = []
+            for w, a, clip in zip(originals, args, clips):
                 ws = w.float() * cols[None, :]
                 if clip is not None:   # the clip ranges this scaling would get (see search())
                     inv = (1.0 / cols).view(clip[1].shape[0], -1)
                     gram = clip[1] * inv[:, :, None] * inv[:, None, :]
                     grid = self.search_clip_grid or self.clip_grid
                     ws = apply_clip(ws, clip_search(ws, gram, clip[0], grid, self.max_shrink), a.symmetric)
-                lin.weight.data = (fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype)
-            return replay.loss()
+                out.append((fake_quantize_weight(ws, a) / cols[None, :]).to(w.dtype))
+            return out
+
+        def error(r: float | None, part: int) -> tuple[float, int]:
+            weights = kept.pop(r, (None, None, None))[2] or quantized(scales[r])
+            for lin, w in zip(lins, weights):
+                lin.weight.data = w
+            e, n = replay.squared_error(part)
+            if part + 1 < replay.parts:   # the later parts run it again if it stays among the best
+                kept[r] = (e / max(n, 1), order[r], weights)
+                if len(kept) > self.finalists + 1:   # the unscaled one and the best so far
+                    del kept[max((k for k in kept if k is not None), key=lambda k: kept[k][:2])]
+            return e, n
 
         try:
-            # no scaling is a candidate too: with duo scaling r = 0 gives 1 / w̄, not 1, and on a
-            # mapping where every scaled grid loses, the scales must not make it worse
-            plain = loss_with(torch.ones_like(x_mean))
-            best_loss, best_ratio, best = plain, None, torch.ones_like(x_mean)
-            for i in range(self.grid):
-                r = i / self.grid
-                s = candidate_scales(x_mean, w_mean, r)
-                loss = loss_with(s)
-                if loss < best_loss:
-                    best_loss, best_ratio, best = loss, r, s
+            losses = screened_losses(list(scales), replay.parts, error, self.finalists, None)
         finally:
             for lin, w in zip(lins, originals):
                 lin.weight.data = w
-        return best, {"ratio": best_ratio, "loss_rtn": plain, "loss_awq": best_loss, "tokens": replay.num_tokens}
+        best = None
+        for r in scales:                 # in order: on a tie the earlier candidate stays
+            if r in losses and losses[r] < losses[best]:
+                best = r
+        return scales[best], {"ratio": best, "loss_rtn": losses[None], "loss_awq": losses[best],
+                              "tokens": replay.num_tokens}
 
     # -- apply -------------------------------------------------------------------------------
     def apply(self, ctx: LayerContext, result: TransformResult) -> None:

@@ -63,22 +63,24 @@ class Replay:
     def num_tokens(self) -> int:
         return sum(int(k.numel()) for _, _, k in self.calls)
 
-    def outputs(self) -> list[torch.Tensor]:
-        out = []
+    @property
+    def parts(self) -> int:
+        return len(self.calls)
+
+    def squared_error(self, part: int) -> tuple[float, int]:
+        """The summed squared error of one captured call's output now against its float
+        reference, and the number of output values it sums."""
+        args, kwargs, keep = self.calls[part]
         with torch.no_grad():
-            for args, kwargs, keep in self.calls:
-                y = self.module(*args, **kwargs)
-                y = y[0] if isinstance(y, (tuple, list)) else y
-                out.append(y.reshape(-1, y.shape[-1])[keep])
-        return out
+            y = self.module(*args, **kwargs)
+        y = y[0] if isinstance(y, (tuple, list)) else y
+        ref = self.reference[part]
+        return float((y.reshape(-1, y.shape[-1])[keep].float() - ref).pow(2).sum()), ref.numel()
 
     def loss(self) -> float:
         """Mean squared error of the module's output now against the float reference."""
-        total, n = 0.0, 0
-        for y, ref in zip(self.outputs(), self.reference):
-            total += float((y.float() - ref).pow(2).sum())
-            n += ref.numel()
-        return total / max(n, 1)
+        errors = [self.squared_error(k) for k in range(self.parts)]
+        return sum(e for e, _ in errors) / max(sum(n for _, n in errors), 1)
 
 
 def search_batches(ctx: LayerContext, tokens: int) -> list[int]:

@@ -535,7 +535,9 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
         group = group_for(name, "Linear", recipe.groups, list(recipe.ignore), where=recipe.origin)
         s = recipe.groups[group] if group is not None else None
         if s is not None and s.weights is not None:
-            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({name})")
+            s.weights.check_width(m.in_features, f"config_groups.{group}.weights ({name})", m.out_features)
+            if s.input_activations is not None:
+                s.input_activations.check_width(m.in_features, f"config_groups.{group}.input_activations ({name})")
             quantized += 1
     if names and not quantized and recipe.kv_cache is None and not planned:
         _nothing_quantized(recipe, names, required)

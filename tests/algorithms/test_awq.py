@@ -143,10 +143,10 @@ def test_no_scaling_wins_where_every_scaled_grid_loses():
     plain = fake_quantize_weight(lin.weight.data.clone(), minmax(args))
 
     class Replay:
-        num_tokens = 1
+        num_tokens, parts = 1, 1
 
-        def loss(self) -> float:
-            return float((lin.weight.data - plain).abs().sum())
+        def squared_error(self, part: int) -> tuple[float, int]:
+            return float((lin.weight.data - plain).abs().sum()), 1
 
     layer = torch.nn.Module()
     layer.norm, layer.fc = torch.nn.LayerNorm(64), lin

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 import quantkit
 from quantkit.evaluation.api import flagged_measures
 from quantkit.evaluation.integrity import check_checkpoint
-from quantkit.evaluation.verdict import Thresholds, decide
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
 
 
 def _shard_of(folder: Path, key: str) -> Path:
@@ -55,6 +55,17 @@ def nan_one(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def e8m0_doubled(t: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales (uint8 exponents): one more in the exponent, every scale x2."""
+    return t + 1
+
+
+def e8m0_nan(t: torch.Tensor) -> torch.Tensor:
+    """One E8M0 scale set to 255, the MX formats' NaN."""
+    t.view(-1)[t.numel() // 2] = 255
+    return t
+
+
 def shuffled_run(t: torch.Tensor, words: int = 64, seed: int = 0) -> torch.Tensor:
     """A run of ``words`` consecutive stored elements (packed int32 words, or int8/fp8 codes ×4:
     256 bytes either way) in the middle of the tensor, permuted."""
@@ -86,3 +97,23 @@ def judge(src: Path, ckpt: Path):
     report = check_checkpoint(src, ckpt)
     verdict = decide(flagged_measures(report, Thresholds()))
     return report, verdict, {r.slice.removeprefix("integrity:") for r in verdict.reasons}
+
+
+def assert_names_nothing(src: Path, ckpt: Path):
+    """The pass on an untouched checkpoint of the tiny model: GO, nothing named, its 14 quantized
+    modules checked and no other tensor reported. Returns the report."""
+    report, verdict, named = judge(src, ckpt)
+    assert verdict.decision == GO and not named, [r.text() for r in verdict.reasons]
+    assert len(report.modules) == 14 and not report.tensors
+    return report
+
+
+def assert_named_alone(src: Path, bad: Path, module: str, fault: str) -> None:
+    """The pass names ``module`` and nothing else, REVIEW or NO-GO; NO-GO for the faults that
+    make a module's numbers unusable, and unloadable only for a missing tensor."""
+    report, verdict, named = judge(src, bad)
+    assert verdict.decision in (REVIEW, NOGO)
+    assert named == {module}, [r.text() for r in verdict.reasons]
+    assert report.unloadable == (fault == "a missing tensor")
+    if fault in ("a NaN scale", "zeroed block of scales", "a missing tensor"):
+        assert verdict.decision == NOGO

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from planted import convert_outlier_model, judge, plant, removed, shuffled_run
+from planted import assert_names_nothing, convert_outlier_model, e8m0_doubled, judge, plant, removed, shuffled_run
 
-from quantkit.evaluation.verdict import GO, NOGO, REVIEW
+from quantkit.evaluation.verdict import NOGO, REVIEW
 
 RECIPES = {
     "nvfp4a16-rtn": {"scheme": "NVFP4A16"},
@@ -20,10 +20,6 @@ MODULE = "model.layers.1.self_attn.q_proj"
 
 def _fp8_doubled(t: torch.Tensor) -> torch.Tensor:
     return (t.float() * 2).to(torch.float8_e4m3fn)
-
-
-def _e8m0_doubled(t: torch.Tensor) -> torch.Tensor:
-    return t + 1          # one more in the exponent: every scale x2
 
 
 def _nibbles_swapped(t: torch.Tensor) -> torch.Tensor:
@@ -54,9 +50,7 @@ def converted(tmp_path_factory):
 @pytest.mark.parametrize("name", RECIPES)
 def test_an_untouched_fp4_checkpoint_names_nothing(converted, name):
     src, out = converted
-    report, verdict, named = judge(src, out[name])
-    assert verdict.decision == GO and not named, [r.text() for r in verdict.reasons]
-    assert len(report.modules) == 14 and not report.tensors
+    report = assert_names_nothing(src, out[name])
     assert all(not m["problems"] and m["expected_from"] == "rows" for m in report.modules.values())
     assert max(m["recon_unit_excess_db"] for m in report.modules.values()) < -0.9
 
@@ -67,7 +61,7 @@ def test_planted_fp4_damage_is_named(converted, tmp_path, name, fault):
     src, out = converted
     leaf, change = FAULTS[fault]
     if change is None:
-        change = _e8m0_doubled if name.startswith("mx") else _fp8_doubled
+        change = e8m0_doubled if name.startswith("mx") else _fp8_doubled
     report, verdict, named = judge(src, plant(out[name], tmp_path / "bad", f"{MODULE}.{leaf}", change))
     assert verdict.decision in (REVIEW, NOGO)
     assert named == {MODULE}, [r.text() for r in verdict.reasons]

@@ -66,3 +66,60 @@ def test_an_answer_for_other_tokens_or_as_text_is_refused():
     text = {"logprobs": {"tokens": ["The", " cat"], "token_logprobs": [None, -1.0], "top_logprobs": [None, {" cat": -1}]}}
     with pytest.raises(EngineError, match="return_tokens_as_token_ids"):
         window_scores(text, [5, 7])
+
+
+class _ListingServer:
+    """A stand-in for a server over ``model``: the ``top_k`` most likely next tokens of a prompt, and
+    a prompt's scores with every token listed; counts the prompts each call was sent."""
+
+    def __init__(self, model, top_k: int) -> None:
+        self.model, self.top_k, self.asked = model, top_k, {"next_token": 0, "score": 0}
+
+    def next_token(self, prompts):
+        self.asked["next_token"] += len(prompts)
+        out = []
+        for p in prompts:
+            logp = torch.log_softmax(forward_logits(self.model, [p], 0)[0, -1], dim=-1)
+            vals, ids = logp.topk(self.top_k)
+            out.append(dict(zip(ids.tolist(), vals.double().tolist())))
+        return out
+
+    def score(self, seqs, k=None):
+        self.asked["score"] += len(seqs)
+        return [_served(self.model, s) for s in seqs]
+
+
+@pytest.fixture(scope="module")
+def letter_tokens():
+    """The tiny tokenizer with " A".." D" as tokens of their own (so one request per question
+    applies, as with SmolLM2's), and a tiny model over its vocabulary."""
+    from tiny import tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer(380)
+    tok.add_tokens([" A", " B", " C", " D"])
+    return tiny_model(len(tok)), tok
+
+
+@pytest.mark.parametrize("top_k", [2, 120, 384])
+def test_served_multiple_choice_picks_as_the_in_process_pass(top_k, letter_tokens):
+    """One request per question while a letter is among the listed next tokens; a question none of
+    whose letters is listed is scored option by option; the picks are the in-process ones."""
+    from quantkit.evaluation.backends.served import mc_picks
+    from quantkit.evaluation.models import pad_id
+    from quantkit.evaluation.slices import load_suite
+    from quantkit.evaluation.tasks import mc_continuations, multiple_choice
+
+    model, tok = letter_tokens
+    items = load_suite("knowledge-en")[0].items[:12]
+    assert all(len(c) == 1 for it in items for c in mc_continuations(tok, it)[1])
+    server = _ListingServer(model, top_k)
+    assert mc_picks(server, tok, items) == multiple_choice(model, tok, items, pad_id(tok))
+    assert server.asked["next_token"] == len(items)
+    # only the questions whose listing holds no letter are scored, option by option
+    unlisted = [it for it in items for ctx, conts in [mc_continuations(tok, it)]
+                if not {c[0] for c in conts} & set(server.next_token([ctx])[0])]
+    assert server.asked["score"] == 4 * len(unlisted)
+    if top_k == 120:   # some questions list a letter, some do not
+        assert 0 < len(unlisted) < len(items)
+    else:              # 2 tokens list no letter of this model's; the whole vocabulary lists them all
+        assert len(unlisted) == {2: len(items), 384: 0}[top_k]

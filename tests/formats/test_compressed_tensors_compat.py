@@ -14,9 +14,11 @@ import pytest
 from quantkit.formats.compressed_tensors import quantization_config
 from quantkit.config.scheme import PRESETS
 
-FIELDS = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic")
+FIELDS = ("num_bits", "type", "symmetric", "strategy", "group_size", "dynamic", "block_structure", "scale_dtype")
 FORMAT = {"FP8_DYNAMIC": "float-quantized", "FP8": "float-quantized", "W8A8": "int-quantized",
-          "W4A16": "pack-quantized"}
+          "W4A16": "pack-quantized", "FP8_BLOCK": "float-quantized", "MXFP8": "mxfp8-quantized",
+          "MXFP8A16": "mxfp8-quantized", "W4AFP8": "pack-quantized", "W4A8": "int-quantized",
+          "W3A16": "pack-quantized", "W5A16": "pack-quantized"}
 
 
 def _value(x):

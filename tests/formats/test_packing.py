@@ -37,6 +37,21 @@ def test_4bit_layout_is_low_nibble_first():
 
 def test_rejects_unpackable_widths():
     with pytest.raises(ValueError, match="num_bits"):
-        pack_int32(torch.zeros(2, 8, dtype=torch.int8), 3)
+        pack_int32(torch.zeros(2, 8, dtype=torch.int8), 9)
     with pytest.raises(ValueError, match="int8"):
         pack_int32(torch.zeros(2, 8, dtype=torch.int32), 4)
+
+
+@pytest.mark.parametrize("bits", range(2, 9))
+@pytest.mark.parametrize("dim", [0, 1])
+def test_every_width_packs_as_compressed_tensors_packs(bits, dim):
+    """Dense packing: 3-, 5-, 6-, 7-bit codes straddle words exactly as the reference packs them."""
+    from compressed_tensors.compressors.pack_quantized.helpers import pack_to_int32, unpack_from_int32
+
+    g = torch.Generator().manual_seed(bits)
+    for shape in [(5, 37), (64, 96), (3, 1)]:
+        codes = torch.randint(-(1 << (bits - 1)), 1 << (bits - 1), shape, generator=g).to(torch.int8)
+        ours = pack_int32(codes, bits, dim=dim)
+        assert torch.equal(ours, pack_to_int32(codes, bits, packed_dim=dim))
+        assert torch.equal(unpack_int32(ours, bits, shape, dim=dim), codes)
+        assert torch.equal(unpack_from_int32(ours, bits, torch.Size(shape), packed_dim=dim), codes)

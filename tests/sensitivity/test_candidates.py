@@ -57,7 +57,7 @@ def test_named_and_explicit_candidates_inherit_the_recipe_observer_and_actorder(
     (["W5"], "mixed.candidates[0]: unknown candidate 'W5'"),
     (["W8_CHANNEL", "W8_CHANNEL"], "mixed.candidates: candidate 'W8_CHANNEL' is listed twice"),
     (["KEEP"], "mixed.candidates: a plan needs at least two candidates"),
-    ([{"name": "x", "weights": {"num_bits": 3, "group_size": 32}}, "KEEP"], "pack-quantized packs 2, 4 or 8 bits"),
+    ([{"name": "x", "weights": {"num_bits": 9, "group_size": 32}}, "KEEP"], "int quantization supports 2..8 bits"),
     ([{"name": "x", "weigths": {}}, "KEEP"], "unknown key 'weigths'"),
 ])
 def test_bad_candidates_are_one_line(spec, needle):

@@ -114,6 +114,16 @@ class ServedModel:
         kill_point("engine:scoring")
         return out
 
+    def next_token(self, prompts: list[list[int]]) -> list[dict[int, float]]:
+        """Per prompt, the ``top_k`` most likely next tokens and their log-probabilities."""
+        def one(prompt: list[int]) -> dict[int, float]:
+            answer = self.endpoint.completions({"prompt": prompt, "max_tokens": 1, "logprobs": self.top_k,
+                                                "temperature": 0, "return_tokens_as_token_ids": True},
+                                               self.timeout_s)
+            tops = (answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}]
+            return {_token_id(t): _logprob(v) for t, v in (tops[0] or {}).items()}
+        return _in_parallel(one, prompts)
+
     def generate(self, prompts: list[list[int]], n_tokens: int, stop: list[str] | None = None) -> list[list[int]]:
         """Greedy continuations, cut before the first EOS (as the in-process path cuts them)."""
         def one(prompt: list[int]) -> list[int]:
@@ -126,6 +136,29 @@ class ServedModel:
             ids = list(ids)
             return ids[:ids.index(self.eos)] if self.eos is not None and self.eos in ids else ids
         return _in_parallel(one, prompts)
+
+
+def mc_picks(model: ServedModel, tokenizer, items: list[dict]) -> list[int]:
+    """Per item, the choice whose letter (" A".." D") is most likely after the question, as
+    ``tasks.multiple_choice`` picks it in process.
+
+    Where every letter is one token, one request per question gives the top-k next tokens: the
+    most likely letter listed there is the pick (an unlisted letter is less likely than every
+    listed token). Otherwise, or when no letter is listed, one prompt per option (question + its
+    letter), scored: a server gives the log-probability of the tokens it is sent."""
+    asked = [mc_continuations(tokenizer, it) for it in items]
+    single = [k for k, (_, conts) in enumerate(asked) if all(len(c) == 1 for c in conts)]
+    picks: dict[int, int] = {}
+    for k, top in zip(single, model.next_token([asked[k][0] for k in single])):
+        listed = [(top[c[0]], i) for i, c in enumerate(asked[k][1]) if c[0] in top]
+        if listed:
+            picks[k] = max(listed, key=lambda x: (x[0], -x[1]))[1]
+    rows = [(k, c, ctx) for k, (ctx, conts) in enumerate(asked) if k not in picks for c in conts]
+    best: dict[int, list[float]] = {}
+    for (k, c, ctx), sc in zip(rows, model.score([ctx + c for _, c, ctx in rows], 0) if rows else []):
+        best.setdefault(k, []).append(float(np.sum(sc.target[len(ctx):len(ctx) + len(c)])))
+    picks.update({k: max(range(len(v)), key=v.__getitem__) for k, v in best.items()})
+    return [picks[k] for k in range(len(items))]
 
 
 def _digest(*parts) -> str:
@@ -166,17 +199,7 @@ class ServedPass:
         return [Continuation(p, a, b, n_tokens) for p, a, b in zip(prompts, base, cand)]
 
     def multiple_choice(self, items: list[dict]) -> PairedRuns:
-        def picks() -> list[int]:
-            # one prompt per option (question + its letter): a server gives the log-probability of
-            # the tokens it is sent, not of any token one asks about
-            rows = [(k, c, ctx) for k, it in enumerate(items) for ctx, conts in [mc_continuations(self.tokenizer, it)]
-                    for c in conts]
-            scores = self.model.score([ctx + c for _, c, ctx in rows], 0)
-            best: dict[int, list[float]] = {}
-            for (k, c, ctx), s in zip(rows, scores):
-                best.setdefault(k, []).append(float(np.sum(s.target[len(ctx):len(ctx) + len(c)])))
-            return [max(range(len(v)), key=v.__getitem__) for _, v in sorted(best.items())]
-        base, cand = self._paired(_digest("mc", items), picks)
+        base, cand = self._paired(_digest("mc", items), lambda: mc_picks(self.model, self.tokenizer, items))
         return PairedRuns(items, base, cand)
 
     def extraction(self, items: list[dict], n_tokens: int, batch: int) -> PairedRuns:

@@ -37,7 +37,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import (compress_module, decompress_module, parse_quantization_config,
                                                  scheme_for, unpack_module_codes)
 from quantkit.formats.fp4 import compress_fp4_module
-from quantkit.numerics.e8m0 import e8m0_decode
+from quantkit.numerics.e8m0 import exponent_to_scale
 from quantkit.numerics.fp4 import FP4Weight
 from quantkit.numerics.primitives import FP8_DTYPE, dequantize
 from quantkit.config.scheme import QuantScheme, fp4_kind
@@ -108,7 +108,8 @@ def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
     a = scheme.weights
     if fp4_kind(a) is not None:
         return _fp4_layout(scheme, out, cols, bias, scale_dtype)
-    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1))}[a.strategy]
+    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1)),
+             "block": (out // (a.block_structure or (1, 1))[0], cols // (a.block_structure or (1, 1))[1])}[a.strategy]
     meta = "meta"
     q = torch.empty(out, cols, dtype=FP8_DTYPE if a.type == "float" else torch.int8, device=meta)
     acts = scheme.input_activations
@@ -148,6 +149,13 @@ def _layout_problems(tensors: dict[str, torch.Tensor], layout: dict) -> list[dic
     return problems
 
 
+def _float_scale(tensors: dict[str, torch.Tensor], args) -> torch.Tensor:
+    """The weight scales as numbers: MX checkpoints store E8M0 exponents, whose 255 (NaN in the
+    OCP MX format) decodes to an infinite scale and is reported as not finite."""
+    scale = tensors["weight_scale"]
+    return exponent_to_scale(scale) if args.is_mx else scale
+
+
 def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
     t = t.float()
     bad = int((~torch.isfinite(t)).sum())
@@ -161,10 +169,8 @@ def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
 def _value_problems(tensors: dict[str, torch.Tensor], scheme: QuantScheme, codes: torch.Tensor,
                     zp: torch.Tensor | None, cols: int) -> list[dict]:
     a = scheme.weights
-    scale = tensors["weight_scale"]
-    # an E8M0 code is a power of two; code 255 is NaN in the MX formats (decoded: 2**128 = inf)
-    problems = _positive_finite("weight_scale", e8m0_decode(scale) if fp4_kind(a) == "mxfp4" else scale)
-    for name in ("weight_global_scale", "input_global_scale"):
+    problems = _positive_finite("weight_scale", _float_scale(tensors, a))
+    for name in ("weight_global_scale", "input_global_scale"):   # NVFP4's
         if name in tensors:
             problems += _positive_finite(name, tensors[name])
     if "input_scale" in tensors:
@@ -242,7 +248,7 @@ def check_module(tensors: dict[str, torch.Tensor], ref: dict[str, torch.Tensor] 
     if fp4_kind(scheme.weights) is not None:
         decoded = decompress_module(tensors, scheme, torch.float32)
     else:
-        decoded = dequantize(codes, tensors["weight_scale"], zp, scheme.weights, g_idx, torch.float32)
+        decoded = dequantize(codes, _float_scale(tensors, scheme.weights), zp, scheme.weights, g_idx, torch.float32)
     logged_rows = record.rows
     if logged_rows is not None and tuple(logged_rows.shape) != (out,):
         problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))

@@ -15,5 +15,10 @@ def _has_generations(s: ScoredSlice) -> bool:
                   "even at 8 bits: ~2 tokens of 32 under FP8's worst (names-en)", table_rank=7)
 def gen_agreement(s: ScoredSlice) -> float:
     """Mean over prompts of the two continuations' common prefix over the tokens generated."""
-    scores = [prefix_agreement(c.base, c.cand, c.n_tokens) for c in s.generations]
+    scores = prompt_agreements(s)
     return sum(scores) / len(scores)
+
+
+def prompt_agreements(s: ScoredSlice) -> list[float]:
+    """Each prompt's common prefix over the tokens generated (what the bootstrap resamples)."""
+    return [prefix_agreement(c.base, c.cand, c.n_tokens) for c in s.generations]

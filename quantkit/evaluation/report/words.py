@@ -25,8 +25,9 @@ WORDS = Catalog({
     "gating_all": ("All {n} gating figures", "全部 {n} 项判定指标"),
     "warnings": ("Warnings", "警告"),
     "within_noise": ("Within noise of a limit (information only)", "处于限值的噪声范围内（仅供参考）"),
-    "within_noise_note": ("With other rows of the same traffic these levels could differ (bootstrap over rows):",
-                          "换用同一业务流量的其他行，这些等级可能不同（按行自助抽样）："),
+    "within_noise_note": ("With other rows of the same traffic, or other prompts, these levels could differ (bootstrap "
+                          "over rows; over prompts for greedy agreement):",
+                          "换用同一业务流量的其他行或其他提示，这些等级可能不同（按行自助抽样；贪心一致率按提示抽样）："),
     "informational": ("Not gated (information only)", "不参与判定（仅供参考）"),
     "slices": ("Slices", "切片"),
     "group_perplexity": ("Perplexity", "困惑度"),

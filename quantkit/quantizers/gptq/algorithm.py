@@ -93,6 +93,8 @@ def _check_targets(ctx: LayerContext) -> None:
                                 "order (the FP4 formats store no g_idx)")
         if scheme.weights.type != "int" and fp4_kind(scheme.weights) is None:
             raise QuantkitError(f"{ctx.name}.{name}: weights.type: GPTQ quantizes integer weights, got {scheme.weights.type!r}")
+        if scheme.weights.strategy == "block":   # its column loop keeps one scale per row or group
+            raise QuantkitError(f"{ctx.name}.{name}: weights.strategy: GPTQ does not take block scales, use rtn")
         scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}")
 
 
