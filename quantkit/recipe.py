@@ -245,7 +245,7 @@ class Recipe:
     @property
     def needs_calibration(self) -> bool:
 
-        static_acts = any(s.input_activations is not None and not s.input_activations.dynamic for s in self.groups.values())
+        static_acts = any(s.input_activations is not None and s.input_activations.calibrated for s in self.groups.values())
         return static_acts or self.kv_cache is not None or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
 
 

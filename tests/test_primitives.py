@@ -4,7 +4,8 @@ from hypothesis import given, settings, strategies as st
 
 from quantkit.numerics.primitives import (FP8_MAX, calculate_qparams, dequantize, fake_quantize, quantize,
                                  quantize_weight, sqnr_db)
-from quantkit.config.scheme import PRESETS, QuantArgs
+from quantkit.config.scheme import PRESETS, QuantArgs, fp4_kind
+from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
 
 
 def _args(bits, sym, strategy, group):
@@ -52,18 +53,29 @@ def test_constant_zero_weight_does_not_divide_by_zero():
 
 
 # SQNR floors on Gaussian weights, per preset (measured 19.1 / 20.0 / 42.6 / 42.6 / 31.5 / 31.6 dB;
-# fp8 blocks and MX groups 31.6 / 31.5; int g128 at 2, 3, 5, 6, 7 bits 5.2 / 12.5 / 25.4 / 31.6 / 37.7).
+# fp8 blocks and MX groups 31.6 / 31.5; int g128 at 2, 3, 5, 6, 7 bits 5.2 / 12.5 / 25.4 / 31.6 / 37.7;
+# FP4 on seeds 7 and 11: NVFP4 20.46 / 20.46, MXFP4 19.01 / 19.04 dB).
 SQNR_FLOOR = {"W4A16": 18.5, "W4A16_ASYM": 19.3, "W8A16": 41.5, "W8A8": 41.5, "FP8": 30.5, "FP8_DYNAMIC": 30.5,
               "FP8_BLOCK": 30.5, "MXFP8A16": 30.5, "MXFP8": 30.5, "W4AFP8": 18.5, "W4A8": 18.5,
-              "W2A16": 4.5, "W3A16": 12.0, "W5A16": 24.8, "W6A16": 31.0, "W7A16": 37.0}
+              "W2A16": 4.5, "W3A16": 12.0, "W5A16": 24.8, "W6A16": 31.0, "W7A16": 37.0,
+              "NVFP4A16": 20.2, "NVFP4": 20.2, "MXFP4A16": 18.8, "MXFP4": 18.8}
 
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_sqnr_per_scheme(name):
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(1))
     args = PRESETS[name].weights
-    q, s, z = quantize_weight(w, args)
-    assert sqnr_db(w, dequantize(q, s, z, args)) > SQNR_FLOOR[name]
+    if fp4_kind(args) is not None:    # FP4 has its own scales (numerics/fp4.py)
+        w_hat = dequantize_fp4(quantize_fp4_weight(w, fp4_kind(args)), fp4_kind(args))
+    else:
+        q, s, z = quantize_weight(w, args)
+        w_hat = dequantize(q, s, z, args)
+    assert sqnr_db(w, w_hat) > SQNR_FLOOR[name]
+
+
+def test_integer_and_fp8_primitives_refuse_fp4_args():
+    with pytest.raises(ValueError, match="numerics/fp4.py"):
+        quantize_weight(torch.randn(4, 32), PRESETS["MXFP4A16"].weights)
 
 
 def test_mse_observer_beats_minmax_at_3_bits():

@@ -25,6 +25,10 @@ BAD = [
      "scheme.weights.block_structure: strategy 'block' needs block_structure [rows, columns]"),
     ("mx-scales-on-int", "scheme: {weights: {num_bits: 4, group_size: 32, scale_dtype: torch.uint8}}\n",
      "scheme.weights.scale_dtype: E8M0 scales (torch.uint8) need float values in groups of 32 (MX)"),
+    ("fp8-scales-outside-nvfp4", "scheme: {weights: {num_bits: 8, type: float, scale_dtype: torch.float8_e4m3fn}}\n",
+     "scheme.weights.scale_dtype: FP8 (E4M3) scales under a global scale are NVFP4's"),
+    ("e8m0-scales-on-nvfp4", "scheme: {weights: {num_bits: 4, type: float, group_size: 16, scale_dtype: torch.uint8}}\n",
+     "scheme.weights.scale_dtype: NVFP4 scales are torch.float8_e4m3fn, got torch.uint8"),
     ("int-activation-groups", "scheme: {weights: {num_bits: 4, group_size: 32}, input_activations: "
      "{num_bits: 8, strategy: group, group_size: 32, dynamic: true}}\n",
      "scheme.input_activations.strategy: 'group' is not supported for activations"),

@@ -16,7 +16,12 @@ def test_strategy_inferred():
     ({"num_bits": 4, "group_size": 0}, "group_size"),
     ({"num_bits": 4, "strategy": "channel", "group_size": 64}, "group_size"),
     ({"num_bits": 9}, "num_bits"),
-    ({"num_bits": 4, "type": "float"}, "num_bits"),
+    ({"num_bits": 6, "type": "float"}, "num_bits"),
+    ({"num_bits": 4, "type": "float"}, "group_size"),                  # FP4 without the format's groups
+    ({"num_bits": 4, "type": "float", "group_size": 64}, "group_size"),
+    ({"num_bits": 4, "type": "float", "strategy": "group", "group_size": 16}, "group_size"),
+    ({"num_bits": 4, "type": "float", "group_size": 32, "dynamic": "local"}, "dynamic"),
+    ({"num_bits": 4, "strategy": "tensor_group", "group_size": 16}, "strategy"),   # int with a global scale
     ({"type": "float", "symmetric": False}, "symmetric"),
     ({"num_bits": 4, "actorder": "group"}, "actorder"),
     ({"num_bits": 4, "observer": "percentile"}, "observer"),

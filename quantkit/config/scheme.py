@@ -27,10 +27,19 @@ from quantkit.config.validation import config, invalid, parse
 # a multiple of the width.
 PACKABLE_BITS = (2, 3, 4, 5, 6, 7, 8)
 
-Strategy = Literal["tensor", "channel", "group", "token", "block"]
-#: compressed-tensors' ``scale_dtype`` for MX formats: scales stored as E8M0 exponents in uint8
-#: (``numerics/e8m0.py``); ``None`` stores scales in the model's float dtype.
-ScaleDtype = Literal["torch.uint8"]
+#: compressed-tensors' ``scale_dtype``: the dtype a checkpoint stores the scales in.
+#: "torch.uint8": E8M0 exponents (the MX formats, ``numerics/e8m0.py``); "torch.float8_e4m3fn":
+#: FP8 group scales under a float32 global scale (NVFP4); ``None``: the model's float dtype.
+ScaleDtype = Literal["torch.uint8", "torch.float8_e4m3fn"]
+
+# FP4 (E2M1) formats: their strategy, group size and scale dtype are fixed by the format. NVFP4
+# puts a float32 global scale over FP8 group scales ("tensor_group"); MXFP4 has power-of-two
+# E8M0 group scales only. Activations: NVFP4 chooses group scales per token under a global
+# scale calibrated beforehand (dynamic "local"); MXFP4 chooses them per token (dynamic).
+FP4_FORMATS = {"nvfp4": ("tensor_group", 16, "local", "torch.float8_e4m3fn"),
+               "mxfp4": ("group", 32, True, "torch.uint8")}
+
+Strategy = Literal["tensor", "channel", "group", "token", "tensor_group", "block"]
 QuantType = Literal["int", "float"]
 ActOrder = Literal["group", "weight"]
 STRATEGIES = get_args(Strategy)
@@ -57,7 +66,8 @@ class QuantArgs:
     """How one tensor is quantized.
 
     ``strategy`` is inferred when omitted: "group" when ``group_size`` is set, else
-    "channel" for static tensors and "token" for dynamic ones.
+    "channel" for static tensors and "token" for dynamic ones. ``scale_dtype`` is inferred
+    for FP4, whose format fixes it (NVFP4: "torch.float8_e4m3fn", MXFP4: "torch.uint8").
     """
 
     num_bits: StrictInt = 8
@@ -65,7 +75,7 @@ class QuantArgs:
     symmetric: StrictBool = True
     strategy: Strategy | None = None
     group_size: Annotated[StrictInt, Field(gt=0)] | None = None
-    dynamic: StrictBool = False
+    dynamic: StrictBool | Literal["local"] = False
     actorder: ActOrder | None = None
     observer: Literal["minmax", "mse"] = "minmax"
     block_structure: tuple[Annotated[StrictInt, Field(gt=0)], Annotated[StrictInt, Field(gt=0)]] | None = None
@@ -75,20 +85,28 @@ class QuantArgs:
     def _consistent(self) -> "QuantArgs":
         if self.strategy is None:
             inferred = "group" if self.group_size is not None else ("token" if self.dynamic else "channel")
+            if self.type == "float" and self.num_bits == 4 and self.group_size == FP4_FORMATS["nvfp4"][1]:
+                inferred = FP4_FORMATS["nvfp4"][0]
             object.__setattr__(self, "strategy", inferred)  # frozen: set once, while validating
         if self.type == "int" and not 2 <= self.num_bits <= 8:
             raise invalid(f"int quantization supports 2..8 bits, got {self.num_bits}", "num_bits")
-        if self.type == "float":
+        if self.type == "float" and self.num_bits == 4:
+            _check_fp4(self)
+        elif self.type == "float":
             if self.num_bits != 8:
                 raise invalid(f"float quantization supports 8 bits (E4M3), got {self.num_bits}", "num_bits")
             if not self.symmetric:
                 raise invalid("float8 quantization must be symmetric", "symmetric")
         _check_block_and_mx(self)
-        if self.strategy == "group":
+        if self.strategy in ("group", "tensor_group"):
             if self.group_size is None:
                 raise invalid("strategy 'group' needs a positive group_size", "group_size")
         elif self.group_size is not None:
             raise invalid(f"only valid with strategy 'group' (strategy is {self.strategy!r})", "group_size")
+        if self.strategy == "tensor_group" and fp4_kind(self) != "nvfp4":
+            raise invalid("'tensor_group' (group scales under a global scale) is NVFP4's", "strategy")
+        if self.dynamic == "local" and fp4_kind(self) != "nvfp4":
+            raise invalid("'local' (group scales under a calibrated global scale) is NVFP4's", "dynamic")
         if self.strategy == "token" and not self.dynamic:
             raise invalid("per-token quantization must be dynamic (static 'token' is impossible)", "strategy")
         if self.actorder == "group" and self.strategy != "group":
@@ -114,7 +132,13 @@ class QuantArgs:
             "observer": None if self.dynamic else self.observer,
             "observer_kwargs": {},
             **({} if self.scale_dtype is None else {"scale_dtype": self.scale_dtype}),
+            **({"observer": "static_minmax"} if self.dynamic == "local" else {}),  # NVFP4's global input scale
         }
+
+    @property
+    def calibrated(self) -> bool:
+        """Whether a scale is calibrated beforehand: a static scale, or NVFP4's global input scale."""
+        return self.dynamic is not True
 
     @property
     def qmin(self) -> int:
@@ -126,12 +150,12 @@ class QuantArgs:
 
     @property
     def is_mx(self) -> bool:
-        """Power-of-two E8M0 scales over groups of 32 (the OCP MX formats)."""
+        """Power-of-two E8M0 scales over groups of 32 (the OCP MX formats: MXFP8, MXFP4)."""
         return self.scale_dtype == "torch.uint8"
 
     def check_width(self, in_features: int, where: str, out_features: int | None = None) -> None:
         """Reject a group or block size that does not divide a layer's width."""
-        if self.strategy == "group" and in_features % self.group_size != 0:
+        if self.strategy in ("group", "tensor_group") and in_features % self.group_size != 0:
             raise QuantkitError(
                 f"{where}: group_size {self.group_size} does not divide in_features {in_features}"
             )
@@ -143,7 +167,8 @@ class QuantArgs:
 
 
 def _check_block_and_mx(a: QuantArgs) -> None:
-    """Block strategy needs ``block_structure`` and nothing else does; E8M0 scales are MX only."""
+    """Block strategy needs ``block_structure`` and nothing else does; E8M0 scales are MX only,
+    FP8 scales NVFP4's."""
     if a.strategy == "block":
         if a.block_structure is None:
             raise invalid("strategy 'block' needs block_structure [rows, columns]", "block_structure")
@@ -153,6 +178,8 @@ def _check_block_and_mx(a: QuantArgs) -> None:
         raise invalid(f"only valid with strategy 'block' (strategy is {a.strategy!r})", "block_structure")
     if a.is_mx and not (a.type == "float" and a.strategy == "group" and a.group_size == 32):
         raise invalid("E8M0 scales (torch.uint8) need float values in groups of 32 (MX)", "scale_dtype")
+    if a.scale_dtype == "torch.float8_e4m3fn" and fp4_kind(a) != "nvfp4":
+        raise invalid("FP8 (E4M3) scales under a global scale are NVFP4's", "scale_dtype")
 
 
 @config
@@ -173,7 +200,9 @@ class QuantScheme:
         w, a = self.weights, self.input_activations
         if w is not None and w.dynamic:
             raise invalid("weights are quantized statically", "weights.dynamic")
-        if a is not None:
+        if w is not None and fp4_kind(w) is not None:
+            _check_fp4_scheme(w, a)
+        elif a is not None:
             _check_activations(w, a)
         if self.format == "pack-quantized" and not w.symmetric and w.strategy == "tensor":
             # one zero point for the whole tensor: quantkit's packed layout has none (its
@@ -186,6 +215,8 @@ class QuantScheme:
     def format(self) -> str:
         """The compressed-tensors format that stores this scheme."""
         w, a = self.weights, self.input_activations
+        if fp4_kind(w) is not None:
+            return f"{fp4_kind(w)}-pack-quantized"
         if w is not None and w.is_mx:
             return "mxfp8-quantized"
         if a is None:
@@ -210,6 +241,48 @@ class QuantScheme:
             "output_activations": None,
             "format": self.format,
         }
+
+
+def fp4_kind(args: QuantArgs | None) -> str | None:
+    """"nvfp4" or "mxfp4" for FP4 (E2M1) args, else ``None``."""
+    if args is None or args.type != "float" or args.num_bits != 4:
+        return None
+    return "nvfp4" if args.strategy == FP4_FORMATS["nvfp4"][0] else "mxfp4"
+
+
+def _check_fp4(args: QuantArgs) -> None:
+    """FP4 args name one of the two formats, with the format's own group size and scale dtype
+    (the format's when omitted)."""
+    if not args.symmetric:
+        raise invalid("FP4 quantization must be symmetric", "symmetric")
+    if args.strategy not in ("group", "tensor_group") or args.group_size not in (16, 32):
+        raise invalid(f"FP4 groups are fixed by the format: 16 (NVFP4) or 32 (MXFP4), got {args.group_size}",
+                      "group_size")
+    for kind, (strategy, group, _, _) in FP4_FORMATS.items():
+        if args.strategy == strategy and args.group_size != group:
+            raise invalid(f"{kind.upper()} ('{strategy}') groups are {group} wide, got {args.group_size}",
+                          "group_size")
+    kind = fp4_kind(args)
+    scale_dtype = FP4_FORMATS[kind][3]
+    if args.scale_dtype is None:
+        object.__setattr__(args, "scale_dtype", scale_dtype)  # frozen: set once, while validating
+    elif args.scale_dtype != scale_dtype:
+        raise invalid(f"{kind.upper()} scales are {scale_dtype}, got {args.scale_dtype}", "scale_dtype")
+
+
+def _check_fp4_scheme(w: QuantArgs, a: QuantArgs | None) -> None:
+    """FP4 weights with FP4 activations of the same format, scaled as the format scales them."""
+    if a is None:
+        return
+    kind = fp4_kind(w)
+    if fp4_kind(a) != kind:
+        raise invalid(f"{kind.upper()} weights take {kind.upper()} activations or none", "input_activations")
+    dynamic = FP4_FORMATS[kind][2]
+    if a.dynamic != dynamic:
+        how = ("group scales chosen per token under a global scale calibrated beforehand"
+               if dynamic == "local" else "group scales chosen per token")
+        raise invalid(f"{kind.upper()} activations need {dynamic!r} ({how}), got {a.dynamic!r}",
+                      "input_activations.dynamic")
 
 
 def _check_activations(w: QuantArgs | None, a: QuantArgs) -> None:
@@ -258,6 +331,16 @@ PRESETS: dict[str, QuantScheme] = {
     "FP8_DYNAMIC": _preset(
         QuantArgs(num_bits=8, type="float", strategy="channel"),
         QuantArgs(num_bits=8, type="float", strategy="token", dynamic=True),
+    ),
+    "NVFP4A16": _preset(QuantArgs(num_bits=4, type="float", group_size=16)),
+    "NVFP4": _preset(
+        QuantArgs(num_bits=4, type="float", group_size=16),
+        QuantArgs(num_bits=4, type="float", group_size=16, dynamic="local"),
+    ),
+    "MXFP4A16": _preset(QuantArgs(num_bits=4, type="float", group_size=32)),
+    "MXFP4": _preset(
+        QuantArgs(num_bits=4, type="float", group_size=32),
+        QuantArgs(num_bits=4, type="float", group_size=32, dynamic=True),
     ),
     # As compressed-tensors defines them (quantization/quant_scheme.py).
     "FP8_BLOCK": _preset(

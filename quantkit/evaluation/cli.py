@@ -209,6 +209,8 @@ def _checkpoint_bits(ckpt: Path) -> str | None:
         return None
     for g in (cfg.get("config_groups") or {}).values():
         w = g.get("weights") or {}
+        if w.get("type") == "float" and w.get("num_bits") == 4:
+            return "nvfp4" if w.get("strategy") == "tensor_group" else "mxfp4"
         if w.get("type") == "float":
             return "fp8"
         return f"int{w.get('num_bits', 8)}"

@@ -21,7 +21,11 @@ from quantkit.errors import QuantkitError
 from quantkit.config.sizes import size_bytes
 
 BITS = {"fp32": 32, "float32": 32, "fp16": 16, "float16": 16, "bf16": 16, "bfloat16": 16,
-        "fp8": 8, "float8": 8, "int8": 8, "int7": 7, "int6": 6, "int5": 5, "int4": 4, "int3": 3, "int2": 2}
+        "fp8": 8, "float8": 8, "int8": 8, "int7": 7, "int6": 6, "int5": 5, "int4": 4, "int3": 3, "int2": 2,
+        "nvfp4": 4, "mxfp4": 4}
+# Formats whose groups are part of the format: (group size, bytes of each group's scale). NVFP4's
+# scales are FP8 (its per-tensor global scales add 4 bytes a tensor, left out), MXFP4's E8M0.
+FIXED_GROUPS = {"nvfp4": (16, 1), "mxfp4": (32, 1)}
 GiB = 2**30
 
 
@@ -183,6 +187,8 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     (131072, True)
     >>> plan(cfg, weights=WeightFormat("int4", group_size=32)).scale_bytes // fp.scale_bytes
     4
+    >>> plan(cfg, weights="nvfp4").scale_bytes * 2 == plan(cfg, weights="mxfp4").scale_bytes * 4 == fp.scale_bytes * 8
+    True
     """
     fmt = weights if isinstance(weights, WeightFormat) else WeightFormat(weights)
     group_size, symmetric = fmt.group_size, fmt.symmetric
@@ -201,7 +207,10 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     wb_before = weight_bytes_at_bits(shape.params_total, b_before)
     wb_after = weight_bytes_at_bits(shape.params_quantizable, b_after) + weight_bytes_at_bits(others, b_before)
     scales = 0
-    if b_after < 8 and group_size:
+    if after in FIXED_GROUPS:   # --group-size does not apply: the format fixes its groups
+        group_size, per_group = FIXED_GROUPS[after]
+        scales = shape.params_quantizable // group_size * per_group
+    elif b_after < 8 and group_size:
         per_group = 2 + (0 if symmetric else 1)   # fp16 scale (+ int8 zero point)
         scales = shape.params_quantizable // group_size * per_group
     dims = (shape.layers, shape.kv_heads, shape.head_dim)

@@ -14,18 +14,27 @@ import torch
 
 from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize
-from quantkit.config.scheme import QuantArgs, QuantScheme
+from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind
+from quantkit.formats.fp4 import FP4_FORMATS, compress_fp4_module, decompress_fp4_module, unpack_fp4
 from quantkit.formats.packing import pack_int32, unpack_int32
 from quantkit.numerics.e8m0 import exponent_to_scale, scale_to_exponent
+from quantkit.numerics.fp4 import FP4Weight
 
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
-FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized")
+FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized", *FP4_FORMATS)
 
 
 def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                     g_idx: torch.Tensor | None, scheme: QuantScheme, bias: torch.Tensor | None = None,
-                    input_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Tensors of one quantized Linear, named as the format names them (without the prefix)."""
+                    input_scale: torch.Tensor | None = None,
+                    global_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Tensors of one quantized Linear, named as the format names them (without the prefix).
+
+    FP4 formats (``formats/fp4.py``): ``q`` holds E2M1 codes, ``global_scale`` NVFP4's weight
+    global scale and ``input_scale`` its input global scale.
+    """
+    if fp4_kind(scheme.weights) is not None:
+        return compress_fp4_module(FP4Weight(q, scale, global_scale), scheme, bias, input_scale)
     args = scheme.weights
     fmt = scheme.format
     out: dict[str, torch.Tensor] = {"weight_scale": scale.contiguous()}
@@ -55,6 +64,8 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
 def unpack_module_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme):
     """``(codes, zero_point)`` as int8 from one module's tensor dict, whatever its format."""
     args = scheme.weights
+    if fp4_kind(args) is not None:
+        return unpack_fp4(tensors["weight_packed"]), None
     if "weight_packed" in tensors:
         shape = tuple(int(s) for s in tensors["weight_shape"].tolist())
         codes = unpack_int32(tensors["weight_packed"], args.num_bits, shape, dim=1)
@@ -69,6 +80,8 @@ def unpack_module_codes(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme
 def decompress_module(tensors: Mapping[str, torch.Tensor], scheme: QuantScheme,
                       dtype: torch.dtype | None = None) -> torch.Tensor:
     """The dequantized weight of one module."""
+    if fp4_kind(scheme.weights) is not None:
+        return decompress_fp4_module(tensors, scheme, dtype)
     codes, zp = unpack_module_codes(tensors, scheme)
     scale = tensors["weight_scale"]
     if scheme.weights.is_mx:
@@ -122,8 +135,6 @@ def _args_from_ct(d: Mapping[str, Any], where: str) -> QuantArgs:
     d = {k: v for k, v in d.items() if k in keep and not (k in ("block_structure", "scale_dtype") and v is None)}
     if isinstance(d.get("block_structure"), list):
         d["block_structure"] = tuple(d["block_structure"])
-    if d.get("dynamic") == "local":
-        raise QuantkitError(f"{where}: dynamic 'local' is not supported")
     try:
         return QuantArgs(**d)
     except QuantkitError as e:

@@ -69,6 +69,17 @@ def select_backend(device_type: str, override: str | None = None, *, record: boo
     return "torch"
 
 
+def backend_for_format(fmt: str, name: str, explicit: bool) -> str:
+    """``name`` where it has a kernel for ``fmt`` or was asked for by name (``get_backend`` then says
+    what is missing); a default choice without one (triton on CUDA for the FP4 formats) gets the
+    torch reference, with a warning and a reason in ``backend_fallbacks()``."""
+    _ensure_loaded()
+    if explicit or (fmt, name) in BACKENDS:
+        return name
+    record_fallback(f"kernel backend: {name} has no kernel for {fmt}; the slower torch reference runs it")
+    return "torch"
+
+
 def record_fallback(reason: str) -> None:
     """A module runs the torch reference instead of the backend asked for: a warning, once per reason."""
     if reason not in _fallbacks:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from quantkit.config.scheme import QuantArgs
+from quantkit.config.scheme import QuantArgs, fp4_kind
 from quantkit.numerics.e8m0 import exponent_to_scale, scale_exponent
 from quantkit.numerics.primitives import (FP8_DTYPE, FP8_EMAX, FP8_MAX, FP8_MIN_SCALE,
                                           quantize_dynamic_per_token)
@@ -52,6 +52,8 @@ def dequant_linear(x: torch.Tensor, layer, weight: torch.Tensor) -> torch.Tensor
 def needs_dequant_linear(layer) -> bool:
     """Whether the layer's scheme is one the W8A8 and W4A16 references do not compute."""
     w, a = layer.scheme.weights, layer.scheme.input_activations
+    if fp4_kind(w) is not None:   # the FP4 formats have a reference of their own (reference._fp4_linear)
+        return False
     if w.is_mx or w.strategy == "block":
         return True
     return a is not None and w.type == "int" and w.num_bits < 8

@@ -14,8 +14,11 @@ import torch.nn.functional as F
 from quantkit.formats.packing import unpack_int32
 from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
 from quantkit.kernels import register_backend
+from quantkit.config.scheme import fp4_kind
+from quantkit.formats.fp4 import FP4_FORMATS, unpack_fp4
 from quantkit.kernels.dequant_linear import dequant_linear, needs_dequant_linear
 from quantkit.numerics.e8m0 import exponent_to_scale
+from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4, fake_quantize_fp4_input
 
 
 def dequantized_weight(layer) -> torch.Tensor:
@@ -112,3 +115,23 @@ def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
 @register_backend("mxfp8-quantized", "torch")
 def mxfp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return dequant_linear(x, layer, dequantized_weight(layer))
+
+
+# -- FP4 (NVFP4, MXFP4): emulated, as no CPU kernel computes in FP4 ---------------------------------
+def _fp4_linear(x: torch.Tensor, layer) -> torch.Tensor:
+    """The dequantized FP4 weight times the input, the input first through FP4 when the scheme
+    quantizes activations (per-token groups, under NVFP4's calibrated global input scale)."""
+    kind = fp4_kind(layer.scheme.weights)
+    w = layer._cache.get("w")
+    if w is None:
+        w = dequantize_fp4(FP4Weight(unpack_fp4(layer.weight_packed), layer.weight_scale,
+                                     layer.weight_global_scale), kind)
+        if getattr(layer, "cache_dequantized", True):
+            layer._cache["w"] = w
+    if layer.scheme.input_activations is not None:
+        x = fake_quantize_fp4_input(x, kind, layer.input_global_scale)
+    return F.linear(x, w.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype))
+
+
+for _fmt in FP4_FORMATS:
+    register_backend(_fmt, "torch")(_fp4_linear)

@@ -16,6 +16,8 @@ from quantkit.formats.writer import ShardWriter
 from quantkit.common.jsonio import nonfinite_warning
 from quantkit.kv_cache import KVObserver
 from quantkit.numerics.primitives import calculate_qparams
+from quantkit.numerics.fp4 import nvfp4_global_scale
+from quantkit.config.scheme import fp4_kind
 from quantkit.pipeline.coverage import coverage_lines
 from quantkit.pipeline.resume import LayerLog
 from quantkit.pipeline.state import RunState
@@ -24,7 +26,7 @@ from quantkit import __version__
 
 def static_targets(targets) -> list[str]:
     """The targets whose input scales are calibrated (static activations)."""
-    return [n for n, (_, s) in targets.items() if s.input_activations is not None and not s.input_activations.dynamic]
+    return [n for n, (_, s) in targets.items() if s.input_activations is not None and s.input_activations.calibrated]
 
 
 def write_layer(writer: ShardWriter, prefix: str, params: list[tuple[str, torch.Tensor]], targets,
@@ -35,7 +37,8 @@ def write_layer(writer: ShardWriter, prefix: str, params: list[tuple[str, torch.
     for name, (m, s) in targets.items():
         r = results[name]
         input_scale = _input_scale(prefix + name, m, s, observed.get(name))
-        for k, t in compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale).items():
+        for k, t in compress_module(r.q, r.scale, r.zero_point, r.g_idx, s, m.bias, input_scale,
+                                    r.global_scale).items():
             writer.add(f"{prefix}{name}.{k}", t)
         written.update({f"{name}.weight", f"{name}.bias"})
         log.stats[f"{prefix}{name}"] = {"format": s.format, **r.stats}
@@ -47,11 +50,13 @@ def write_layer(writer: ShardWriter, prefix: str, params: list[tuple[str, torch.
 
 def _input_scale(where: str, m: nn.Linear, s, amax: torch.Tensor | None) -> torch.Tensor | None:
     """A static activation's scale from the largest magnitude its linear's inputs reached."""
+    if amax is not None and fp4_kind(s.input_activations) == "nvfp4":
+        return nvfp4_global_scale(amax.to(m.weight.dtype))
     if amax is not None:
         amax = amax.reshape(1)
         input_scale, _ = calculate_qparams(-amax, amax, s.input_activations, dtype=m.weight.dtype)
         return input_scale
-    if s.input_activations is not None and not s.input_activations.dynamic:
+    if s.input_activations is not None and s.input_activations.calibrated:
         raise QuantkitError(f"{where}: no calibration token reached it, so its static input scale "
                             "cannot be calibrated (an MoE expert no token was routed to: set "
                             "calibration.moe_experts: all)")

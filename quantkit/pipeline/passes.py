@@ -171,7 +171,7 @@ def observe_static(targets: dict[str, tuple[nn.Linear, QuantScheme]], observed: 
     hooks = []
     for name, (m, s) in targets.items():
         a = s.input_activations
-        if a is not None and not a.dynamic:
+        if a is not None and a.calibrated:
             def observe(mod, inp, _name=name):
                 x = tokens(inp[0].detach())
                 if x.numel() == 0:   # an MoE expert no token of this batch was routed to

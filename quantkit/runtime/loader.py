@@ -9,6 +9,7 @@ as the FP8 cache holds them (``quantkit.kv_cache``), so every measure sees the K
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -18,7 +19,7 @@ from quantkit.arch.table import arch_for
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import unfuse_model
 from quantkit.formats.compressed_tensors import parse_quantization_config, scheme_for
-from quantkit.kernels import select_backend
+from quantkit.kernels import backend_for_format, select_backend
 from quantkit.kv_cache import KVCacheScheme, register_scales, use_kv_attention
 from quantkit.runtime.modules import QuantLinear
 from quantkit.pipeline.onload import config_dtype as _config_dtype
@@ -52,6 +53,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         model = AutoModelForCausalLM.from_config(plain, dtype=dtype, trust_remote_code=trust_remote_code)
     unfuse_model(model, plain)   # MoE experts as the checkpoint's per-expert linears
     chosen = select_backend(torch.device(device).type, backend)
+    explicit = bool(backend or os.environ.get("QUANTKIT_BACKEND"))
     swapped = 0
     for name, m in list(model.named_modules()):
         if not isinstance(m, nn.Linear):
@@ -83,7 +85,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     model.to(device)
     for m in model.modules():
         if isinstance(m, QuantLinear):
-            m.set_backend(chosen)
+            m.set_backend(backend_for_format(m.format, chosen, explicit))
     attention = use_kv_attention(model) if kv_scheme is not None else None
     model.eval()
     model.quantkit_info = {"path": str(path), "backend": chosen, "quantized_modules": swapped,

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from quantkit.formats.packing import packed_cols
-from quantkit.config.scheme import QuantScheme
+from quantkit.config.scheme import QuantScheme, fp4_kind
 from quantkit.kernels import get_backend, record_fallback
 from quantkit.kernels.dequant_linear import reference_only
 
@@ -42,11 +42,41 @@ class QuantLinear(nn.Module):
             scale_shape = (out_features // w.block_structure[0], in_features // w.block_structure[1])
         else:
             scale_shape = (1,)
+        if fp4_kind(w) is not None:
+            self._fp4_buffers(w, a, kw)
+        else:
+            self._buffers_for(w, a, scale_shape, dtype, kw)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, **kw), requires_grad=False)
+        else:
+            self.bias = None
+        self.backend = backend or "torch"
+        self._kernel = None
+        self._cache: dict = {}
+
+    def _fp4_buffers(self, w, a, kw) -> None:
+        """The FP4 formats' tensors (formats/fp4.py): packed nibbles, FP8 or E8M0 group scales,
+        NVFP4's global scales."""
+        out_f, in_f = self.out_features, self.in_features
+        kind = fp4_kind(w)
+        self.group_size = w.group_size
+        scale_dtype = torch.float8_e4m3fn if kind == "nvfp4" else torch.uint8
+        self.register_buffer("weight_packed", torch.empty((out_f, in_f // 2), dtype=torch.uint8, **kw))
+        self.register_buffer("weight_scale", torch.empty((out_f, in_f // w.group_size), dtype=scale_dtype, **kw))
+        self.register_buffer("weight_global_scale", torch.empty((1,), dtype=torch.float32, **kw)
+                             if kind == "nvfp4" else None)
+        self.register_buffer("input_global_scale", torch.empty((1,), dtype=torch.float32, **kw)
+                             if a is not None and a.calibrated else None)
+        self.weight_zero_point = self.weight_g_idx = self.input_scale = None
+
+    def _buffers_for(self, w, a, scale_shape, dtype, kw) -> None:
+        """The integer and FP8 formats' tensors."""
+        in_features, out_features = self.in_features, self.out_features
         # MX scales are E8M0 exponents, one byte each
         self.register_buffer("weight_scale", torch.empty(scale_shape, dtype=torch.uint8 if w.is_mx else dtype, **kw))
         if self.format == "pack-quantized":
             self.register_buffer("weight_packed", torch.empty((out_features, packed_cols(in_features, w.num_bits)), dtype=torch.int32, **kw))
-            self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=device))
+            self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int64, device=kw["device"]))
             if not w.symmetric:
                 zp_shape = (packed_cols(out_features, w.num_bits), scale_shape[-1])
                 self.register_buffer("weight_zero_point", torch.empty(zp_shape, dtype=torch.int32, **kw))
@@ -64,13 +94,6 @@ class QuantLinear(nn.Module):
             self.register_buffer("input_scale", torch.empty((1,), dtype=dtype, **kw))
         else:
             self.input_scale = None
-        if bias:
-            self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, **kw), requires_grad=False)
-        else:
-            self.bias = None
-        self.backend = backend or "torch"
-        self._kernel = None
-        self._cache: dict = {}
 
     def set_backend(self, name: str) -> None:
         if name == "triton" and reference_only(self):

@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from quantkit.errors import QuantkitError
-from quantkit.config.scheme import QuantScheme
+from quantkit.config.scheme import QuantScheme, fp4_kind
 from quantkit.numerics.primitives import dequantize
+from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
 from quantkit.config.validation import build_options
 
 if TYPE_CHECKING:
@@ -44,9 +45,12 @@ class QuantizedWeight:
     zero_point: torch.Tensor | None = None
     g_idx: torch.Tensor | None = None
     stats: dict[str, Any] = field(default_factory=dict)
+    global_scale: torch.Tensor | None = None   # NVFP4's per-tensor scale over its group scales
 
     def dequantized(self, args, dtype: torch.dtype) -> torch.Tensor:
         """The weight the quantized model computes with: what the pipeline writes back."""
+        if fp4_kind(args) is not None:
+            return dequantize_fp4(FP4Weight(self.q, self.scale, self.global_scale), fp4_kind(args), dtype)
 
         return dequantize(self.q, self.scale, self.zero_point, args, self.g_idx, dtype)
 

@@ -6,7 +6,13 @@ import shutil
 from pathlib import Path
 
 import torch
+from model_factory import make_outlier_llama_dir, random_ids
 from safetensors.torch import load_file, save_file
+
+import quantkit
+from quantkit.evaluation.api import flagged_measures
+from quantkit.evaluation.integrity import check_checkpoint
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
 
 
 def _shard_of(folder: Path, key: str) -> Path:
@@ -49,6 +55,17 @@ def nan_one(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def e8m0_doubled(t: torch.Tensor) -> torch.Tensor:
+    """E8M0 scales (uint8 exponents): one more in the exponent, every scale x2."""
+    return t + 1
+
+
+def e8m0_nan(t: torch.Tensor) -> torch.Tensor:
+    """One E8M0 scale set to 255, the MX formats' NaN."""
+    t.view(-1)[t.numel() // 2] = 255
+    return t
+
+
 def shuffled_run(t: torch.Tensor, words: int = 64, seed: int = 0) -> torch.Tensor:
     """A run of ``words`` consecutive stored elements (packed int32 words, or int8/fp8 codes ×4:
     256 bytes either way) in the middle of the tensor, permuted."""
@@ -64,22 +81,36 @@ def removed(t: torch.Tensor) -> None:
     return None
 
 
-def judge(src: Path, ckpt: Path):
-    """The integrity pass on ``ckpt`` against ``src``: (report, verdict, the names it flags)."""
-    from quantkit.evaluation.api import flagged_measures
-    from quantkit.evaluation.integrity import check_checkpoint
-    from quantkit.evaluation.verdict import Thresholds, decide
+def convert_outlier_model(root: Path, recipes: dict[str, dict]) -> tuple[Path, dict[str, Path]]:
+    """The outlier model (activation outliers, spread norms) and its conversion by each recipe."""
+    src = make_outlier_llama_dir(root / "src", outliers=4, factor=20.0, spread=1.0)
+    calib = random_ids(32, 64, vocab=256, seed=1)
+    out = {}
+    for name, r in recipes.items():
+        recipe = {"version": 1, "calibration": {"num_samples": 32, "max_seq_len": 64}, **r}
+        out[name] = quantkit.quantize(str(src), recipe, calibration=calib).save(root / name)
+    return src, out
 
+
+def judge(src: Path, ckpt: Path):
+    """The integrity report, the verdict on it, and the slices the verdict names."""
     report = check_checkpoint(src, ckpt)
     verdict = decide(flagged_measures(report, Thresholds()))
     return report, verdict, {r.slice.removeprefix("integrity:") for r in verdict.reasons}
 
 
+def assert_names_nothing(src: Path, ckpt: Path):
+    """The pass on an untouched checkpoint of the tiny model: GO, nothing named, its 14 quantized
+    modules checked and no other tensor reported. Returns the report."""
+    report, verdict, named = judge(src, ckpt)
+    assert verdict.decision == GO and not named, [r.text() for r in verdict.reasons]
+    assert len(report.modules) == 14 and not report.tensors
+    return report
+
+
 def assert_named_alone(src: Path, bad: Path, module: str, fault: str) -> None:
     """The pass names ``module`` and nothing else, REVIEW or NO-GO; NO-GO for the faults that
     make a module's numbers unusable, and unloadable only for a missing tensor."""
-    from quantkit.evaluation.verdict import NOGO, REVIEW
-
     report, verdict, named = judge(src, bad)
     assert verdict.decision in (REVIEW, NOGO)
     assert named == {module}, [r.text() for r in verdict.reasons]

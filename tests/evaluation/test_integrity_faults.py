@@ -7,10 +7,9 @@ what AWQ and SmoothQuant exist for, and where GPTQ moves the most error between 
 """
 import pytest
 import torch
-from model_factory import make_outlier_llama_dir, random_ids
-from planted import assert_named_alone, doubled, judge, nan_one, plant, removed, shuffled_run, zero_block
+from planted import (assert_named_alone, convert_outlier_model, doubled, judge, nan_one, plant, removed,
+                     shuffled_run, zero_block)
 
-import quantkit
 from quantkit.evaluation.integrity import check_checkpoint
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 
@@ -46,13 +45,7 @@ MODULE = "model.layers.1.self_attn.q_proj"
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
     root = tmp_path_factory.mktemp("integrity")
-    src = make_outlier_llama_dir(root / "src", outliers=4, factor=20.0, spread=1.0)
-    calib = random_ids(32, 64, vocab=256, seed=1)
-    out = {}
-    for name, r in {**RECIPES, **CLEAN_ONLY}.items():
-        recipe = {"version": 1, "calibration": {"num_samples": 32, "max_seq_len": 64}, **r}
-        out[name] = quantkit.quantize(str(src), recipe, calibration=calib).save(root / name)
-    return src, out
+    return convert_outlier_model(root, {**RECIPES, **CLEAN_ONLY})
 
 
 @pytest.mark.parametrize("name", [*RECIPES, *CLEAN_ONLY])

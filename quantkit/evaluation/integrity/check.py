@@ -34,10 +34,13 @@ import torch
 from torch import nn
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.compressed_tensors import compress_module, parse_quantization_config, scheme_for, unpack_module_codes
+from quantkit.formats.compressed_tensors import (compress_module, decompress_module, parse_quantization_config,
+                                                 scheme_for, unpack_module_codes)
+from quantkit.formats.fp4 import compress_fp4_module
 from quantkit.numerics.e8m0 import exponent_to_scale
+from quantkit.numerics.fp4 import FP4Weight
 from quantkit.numerics.primitives import FP8_DTYPE, dequantize
-from quantkit.config.scheme import QuantScheme
+from quantkit.config.scheme import QuantScheme, fp4_kind
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.evaluation.integrity.figures import EXCESS_CAP_DB, reconstruction
 from quantkit.evaluation.integrity.reference import Reference, read_quantization_log, unit_of
@@ -103,6 +106,8 @@ def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
                     scale_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Tensor name -> (shape, dtype) that ``compress_module`` writes for this module."""
     a = scheme.weights
+    if fp4_kind(a) is not None:
+        return _fp4_layout(scheme, out, cols, bias, scale_dtype)
     shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1)),
              "block": (out // (a.block_structure or (1, 1))[0], cols // (a.block_structure or (1, 1))[1])}[a.strategy]
     meta = "meta"
@@ -114,6 +119,18 @@ def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
         torch.empty(cols, dtype=torch.int32, device=meta) if a.actorder == "group" else None, scheme,
         torch.empty(out, dtype=scale_dtype, device=meta) if bias else None,
         torch.empty(1, dtype=scale_dtype, device=meta) if acts is not None and not acts.dynamic else None)
+    return {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
+
+
+def _fp4_layout(scheme: QuantScheme, out: int, cols: int, bias: bool, dtype: torch.dtype) -> dict:
+    """``expected_layout`` of the FP4 formats: their scale dtypes are the format's own."""
+    a, acts, meta = scheme.weights, scheme.input_activations, "meta"
+    one = torch.empty(1, dtype=torch.float32, device=meta)
+    w = FP4Weight(torch.empty(out, cols, dtype=torch.uint8, device=meta),
+                  torch.empty(out, cols // a.group_size, device=meta,
+                              dtype=torch.float8_e4m3fn if fp4_kind(a) == "nvfp4" else torch.uint8), one)
+    written = compress_fp4_module(w, scheme, torch.empty(out, dtype=dtype, device=meta) if bias else None,
+                                  one if acts is not None and acts.calibrated else None)
     return {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
 
 
@@ -153,6 +170,9 @@ def _value_problems(tensors: dict[str, torch.Tensor], scheme: QuantScheme, codes
                     zp: torch.Tensor | None, cols: int) -> list[dict]:
     a = scheme.weights
     problems = _positive_finite("weight_scale", _float_scale(tensors, a))
+    for name in ("weight_global_scale", "input_global_scale"):   # NVFP4's
+        if name in tensors:
+            problems += _positive_finite(name, tensors[name])
     if "input_scale" in tensors:
         problems += _positive_finite("input_scale", tensors["input_scale"])
     if a.type == "float":
@@ -225,7 +245,10 @@ def check_module(tensors: dict[str, torch.Tensor], ref: dict[str, torch.Tensor] 
     if ref.get("weight") is None:
         return entry
     g_idx = tensors.get("weight_g_idx")
-    decoded = dequantize(codes, _float_scale(tensors, scheme.weights), zp, scheme.weights, g_idx, torch.float32)
+    if fp4_kind(scheme.weights) is not None:
+        decoded = decompress_module(tensors, scheme, torch.float32)
+    else:
+        decoded = dequantize(codes, _float_scale(tensors, scheme.weights), zp, scheme.weights, g_idx, torch.float32)
     logged_rows = record.rows
     if logged_rows is not None and tuple(logged_rows.shape) != (out,):
         problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))

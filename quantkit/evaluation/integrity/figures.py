@@ -54,7 +54,8 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.numerics.primitives import dequantize, quantize_weight
-from quantkit.config.scheme import QuantArgs
+from quantkit.config.scheme import QuantArgs, fp4_kind
+from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
 
 SHARE = 0.25            # a part's expected error is at least this share of its parent's, per element
 FLOOR_DB = 70.0         # a module's expected SQNR counts as at most this (exact grids, zero weights)
@@ -133,6 +134,8 @@ class ModuleFigures:
 
 def rtn_reference(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None = None) -> torch.Tensor:
     """``W`` rounded to nearest on ``args``'s grid with min-max ranges (float32)."""
+    if fp4_kind(args) is not None:
+        return dequantize_fp4(quantize_fp4_weight(w, fp4_kind(args)), fp4_kind(args))
     plain = dataclasses.replace(args, observer="minmax")
     q, scale, zp = quantize_weight(w, plain, g_idx)
     return dequantize(q, scale, zp, plain, g_idx, torch.float32)
@@ -206,7 +209,7 @@ def reconstruction(ref: torch.Tensor, decoded: torch.Tensor, args: QuantArgs, qu
     row_exc = _excess(d_row, row_exp)
     worst = int(row_exc.argmax())
     best = (float(row_exc[worst]), f"row {worst}", float(d_row[worst]), float(row_exp[worst]), float(p_row[worst]))
-    if args.strategy == "group" and x is not None:
+    if args.strategy in ("group", "tensor_group") and x is not None:
         d_g, x_g, p_g = (_group_sums(t, args, g_idx) for t in (d, x, p))
         part = (row_base * args.group_size / cols)[:, None]          # the row's share of its error, per group
         if allow.redistributes:

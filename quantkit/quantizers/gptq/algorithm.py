@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from quantkit.errors import QuantkitError
+from quantkit.config.scheme import fp4_kind
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 from quantkit.quantizers.gptq.collect import quantize_in_passes
 from quantkit.quantizers.gptq.lockstep import quantize_in_flight
@@ -87,7 +88,10 @@ def _check_targets(ctx: LayerContext) -> None:
     for name, (module, scheme) in ctx.targets.items():
         if scheme.weights is None:
             raise QuantkitError(f"{ctx.name}.{name}: GPTQ needs a weight scheme")
-        if scheme.weights.type != "int":
+        if fp4_kind(scheme.weights) is not None and scheme.weights.actorder is not None:
+            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: FP4 GPTQ visits columns in their own "
+                                "order (the FP4 formats store no g_idx)")
+        if scheme.weights.type != "int" and fp4_kind(scheme.weights) is None:
             raise QuantkitError(f"{ctx.name}.{name}: weights.type: GPTQ quantizes integer weights, got {scheme.weights.type!r}")
         if scheme.weights.strategy == "block":   # its column loop keeps one scale per row or group
             raise QuantkitError(f"{ctx.name}.{name}: weights.strategy: GPTQ does not take block scales, use rtn")

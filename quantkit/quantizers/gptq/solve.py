@@ -114,6 +114,7 @@ class GPTQResult:
     damping: float
     damping_retries: int
     dead_columns: int
+    global_scale: torch.Tensor | None = None   # NVFP4 (quantizers/gptq/fp4.py): fixed before the groups
 
 
 def gptq_quantize_weight(

@@ -13,6 +13,8 @@ import torch
 from quantkit.common.distributed import merge_mean
 from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
+from quantkit.config.scheme import fp4_kind
+from quantkit.quantizers.gptq.fp4 import solve_fp4
 from quantkit.quantizers.gptq.solve import GPTQResult, SolveSettings, solve
 
 
@@ -47,7 +49,10 @@ def solve_stack(ctx: LayerContext, settings: SolveSettings, names: list[str], H:
         H = torch.eye(H.shape[0], dtype=H.dtype)
     W = torch.cat([m.weight.data for m in modules], dim=0)
     try:
-        res = solve(W, H.to(device), args, settings)
+        if fp4_kind(args) is not None:
+            res = solve_fp4(W, H.to(device), fp4_kind(args), settings)
+        else:
+            res = solve(W, H.to(device), args, settings)
     except QuantkitError as e:
         raise QuantkitError(f"{ctx.name}.{'/'.join(names)}: {e}") from None
     out: dict[str, tuple[QuantizedWeight, torch.Tensor]] = {}
@@ -87,4 +92,4 @@ def _rows_of(res: GPTQResult, rows: slice, per_row: bool, stats: dict[str, Any])
     if zp is not None and per_row:
         zp = zp[rows]
     return QuantizedWeight(res.q[rows].contiguous(), scale.contiguous(),
-                           None if zp is None else zp.contiguous(), res.g_idx, stats)
+                           None if zp is None else zp.contiguous(), res.g_idx, stats, res.global_scale)

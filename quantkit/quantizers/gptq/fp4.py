@@ -1,0 +1,115 @@
+"""GPTQ on the FP4 grids (NVFP4, MXFP4): the same column loop, each column rounded to the nearest
+point of the non-uniform E2M1 grid under its group's scale.
+
+NVFP4's global scale is fixed first, from the whole (stacked) weight as it is before the solve;
+a group's scale is then fixed when the solve reaches the group's first column, from its columns
+as updated so far (or from the original weight with ``static_groups``), and never changes
+after. Every group lies inside one lazy-update block (``block_size`` a multiple of the group
+size), so its columns hold every update when the group is fixed. Columns are visited in their
+own order (the formats store no ``g_idx``).
+
+Example:
+    >>> W, X = torch.randn(32, 64), torch.randn(256, 64)
+    >>> res = solve_fp4(W, X.T @ X / 256, "mxfp4", SolveSettings(block_size=64))
+    >>> bool(res.row_loss.sum() < res.row_rtn_loss.sum())
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.numerics.fp4 import (GROUP_SIZE, FP4Kind, dequantize_fp4, e2m1_values, effective_scale,
+                                   fp4_scales, nvfp4_global_scale, quantize_fp4_weight, round_to_e2m1)
+from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION
+from quantkit.quantizers.gptq.solve import (GPTQResult, SolveSettings, _output_error, _without_dead_columns,
+                                            inverse_hessian_factor)
+
+
+def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: SolveSettings) -> GPTQResult:
+    """GPTQ-quantize ``W_in`` ``[rows, cols]`` to ``kind`` against the Hessian ``H_in``.
+
+    The result's ``q`` holds E2M1 codes (uint8), ``scale`` the format's group scales and
+    ``global_scale`` NVFP4's; ``row_rtn_loss`` is round-to-nearest's under the same global scale.
+    """
+    G = GROUP_SIZE[kind]
+    _check(W_in, H_in, G, settings)
+    out_dtype = W_in.dtype
+    gs = nvfp4_global_scale(W_in.abs().amax()) if kind == "nvfp4" else None
+    H_obj = H_in.to(GPTQ_PRECISION)
+    W, H, n_dead = _without_dead_columns(W_in.to(GPTQ_PRECISION).clone(), H_obj.clone())
+    inv = inverse_hessian_factor(H, settings.dampening_frac, settings.max_damping_retries)
+    del H
+    static = fp4_scales(W_in, kind, gs)[0] if settings.static_groups else None
+    Wt = W.T.contiguous()
+    codes_t = torch.empty(Wt.shape, dtype=torch.uint8, device=Wt.device)
+    Q_t = torch.empty(Wt.shape, dtype=GPTQ_PRECISION, device=Wt.device)
+    scales = []
+    for i1 in range(0, Wt.shape[0], settings.block_size):
+        i2 = min(i1 + settings.block_size, Wt.shape[0])
+        Err1 = _fp4_block(Wt, inv.U, (i1, i2), (kind, gs, static, out_dtype), (codes_t, Q_t, scales))
+        Wt[i2:].addmm_(inv.U[i1:i2, i2:].T, Err1, alpha=-1.0)
+    scale = torch.stack(scales, dim=1)
+    Q = Q_t.T.contiguous()
+    if not bool(torch.isfinite(Q).all()):
+        raise QuantkitError("weight: GPTQ produced NaN or Inf (check the calibration inputs)")
+    losses = _fp4_health(W_in, Q, H_obj, kind, gs)
+    return GPTQResult(q=codes_t.T.contiguous(), scale=scale, zero_point=None, g_idx=None, w_hat=Q.to(out_dtype),
+                      row_loss=losses[0], row_rtn_loss=losses[1], row_energy=losses[2], damping=inv.damping,
+                      damping_retries=inv.retries, dead_columns=n_dead, global_scale=gs)
+
+
+def _fp4_block(Wt: torch.Tensor, U: torch.Tensor, span: tuple[int, int], grid: tuple, out: tuple) -> torch.Tensor:
+    """Columns ``span`` of ``Wt`` (``[cols, rows]``) rounded one by one, each error moving the
+    block's later columns; returns the block's scaled errors for the columns after it."""
+    (i1, i2), (kind, gs, static, out_dtype), (codes_t, Q_t, scales) = span, grid, out
+    G = GROUP_SIZE[kind]
+    W1 = Wt[i1:i2].clone()
+    Err1 = torch.zeros_like(W1)
+    U1 = U[i1:i2, i1:i2]
+    step = None
+    for i in range(i2 - i1):
+        p = i1 + i
+        if p % G == 0:   # the group's first column: its scale is fixed now, from its columns as they are
+            if static is not None:
+                s = static[:, p // G]
+            else:
+                s = fp4_scales(W1[i:i + G].T.to(out_dtype), kind, gs)[0][:, 0]
+            scales.append(s)
+            step = effective_scale(s, gs, kind).to(GPTQ_PRECISION)
+        w = W1[i]
+        c = round_to_e2m1(w / step)
+        q = e2m1_values(c).to(GPTQ_PRECISION) * step
+        codes_t[p], Q_t[p] = c, q
+        err = Err1[i]
+        torch.sub(w, q, out=err)
+        err /= U1[i, i]
+        W1[i + 1:].addr_(U1[i, i + 1:], err, alpha=-1.0)
+    return Err1
+
+
+def _check(W: torch.Tensor, H: torch.Tensor, G: int, settings: SolveSettings) -> None:
+    cols = W.shape[1]
+    if H.shape != (cols, cols):
+        raise QuantkitError(f"hessian: shape {tuple(H.shape)} does not match in_features {cols}")
+    if cols % G:
+        raise QuantkitError(f"weights.group_size: {G} does not divide in_features {cols}")
+    if settings.block_size % G:
+        # a group split between blocks would be fixed before the block's updates reach its last columns
+        raise QuantkitError(f"block_size: FP4 GPTQ needs a multiple of the group size {G}, got {settings.block_size}")
+    if not bool(torch.isfinite(W).all()):
+        raise QuantkitError("weight: contains NaN or Inf")
+    if not bool(torch.isfinite(H).all()):
+        raise QuantkitError("hessian: calibration inputs produced NaN or Inf")
+
+
+def _fp4_health(W_in: torch.Tensor, Q: torch.Tensor, H: torch.Tensor, kind: FP4Kind,
+                gs: torch.Tensor | None) -> list[torch.Tensor]:
+    """Per row: the output error of ``Q``, that of round-to-nearest under the same global scale,
+    and the output's energy (means over the calibration tokens)."""
+    rtn = dequantize_fp4(quantize_fp4_weight(W_in, kind, gs), kind).to(GPTQ_PRECISION)
+    W = W_in.to(GPTQ_PRECISION)
+    deltas = torch.cat([W - Q, W - rtn, W])
+    return list(_output_error(deltas, H).split(W.shape[0]))
+
