@@ -144,6 +144,10 @@ class ArchSpec:
     packed_calibration: bool = True
     # sparse MoE blocks: their fused experts are unfused into per-expert linears (experts.py)
     moe: MoESpec | None = None
+    # the linears whose outputs are added to the residual stream (a residual rotation turns their rows)
+    residual_writers: tuple[str, ...] = ("self_attn.o_proj", "mlp.down_proj")
+    # why a rotation of the residual stream cannot fold into this architecture's weights ("" if it can)
+    residual_rotation_blocked: str = ""
 
     def layer_subgroups(self, names: list[str]) -> list[list[str]]:
         """``subgroups`` restricted to ``names`` (a layer's targets), in true-sequential order.
@@ -171,6 +175,8 @@ _GEMMA3 = ArchSpec(
         _LLAMA_MAPPINGS[3],
     ),
     norm_weight_offset=1.0,
+    residual_rotation_blocked=("its post-attention and post-feedforward norms scale what o_proj and down_proj "
+                               "write before the residual add, so a residual rotation cannot fold into the weights"),
 )
 
 # Phi3 fuses q/k/v into qkv_proj ([q; k; v] rows) and gate/up into gate_up_proj ([gate; up]).
@@ -191,15 +197,17 @@ _PHI3 = ArchSpec(
 # Attention as in Llama; the MLP is a sparse MoE block. AWQ / SmoothQuant fold into the attention
 # mappings only: the post-attention norm also feeds the router, whose columns no mapping balances.
 _MOE_ATTENTION = _LLAMA_SUBGROUPS[:2]
+_MOE_ROTATION = "the router and every expert read the post-attention norm; quantkit rotates dense MLPs only"
 _QWEN3_MOE = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
-                      moe=MoESpec())
+                      moe=MoESpec(), residual_rotation_blocked=_MOE_ROTATION)
 # Qwen2-MoE adds a shared expert (a dense MLP beside the routed experts, scaled by a sigmoid gate)
 _QWEN2_MOE = ArchSpec(subgroups=_MOE_ATTENTION + (("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"),
                                                   ("mlp.shared_expert.down_proj",)),
                       fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
-                      moe=MoESpec(keep=("shared_expert_gate",)))
+                      moe=MoESpec(keep=("shared_expert_gate",)), residual_rotation_blocked=_MOE_ROTATION)
 _MIXTRAL = ArchSpec(subgroups=_MOE_ATTENTION, fused=_LLAMA_FUSED[:1], smooth_mappings=_LLAMA_MAPPINGS[:2],
-                    moe=MoESpec(checkpoint_block="block_sparse_moe", linears=("w1", "w3", "w2")))
+                    moe=MoESpec(checkpoint_block="block_sparse_moe", linears=("w1", "w3", "w2")),
+                    residual_rotation_blocked=_MOE_ROTATION)
 
 ARCHITECTURES: dict[str, ArchSpec] = {
     "LlamaForCausalLM": ArchSpec(),
