@@ -342,6 +342,9 @@ def _chain(entries: list[_Entry]) -> tuple[StepSpec, ...]:
         values = checked_options(cls, e.options, e.options_at)
         build_options(cls, values, e.options_at)  # the step's own checks (ranges) run now, not mid-run
         steps.append(StepSpec(e.name, values))
+    for e, step in zip(entries[1:], steps[1:]):
+        if getattr(ALGORITHMS[step.name], "must_be_first", False):
+            raise QuantkitError(f"{e.at}: '{step.name}' must be the first step (the other steps search on its result)")
     for e, step in zip(entries[:-1], steps[:-1]):
         if ALGORITHMS[step.name].kind == "quantizer":
             raise QuantkitError(f"{e.at}: '{step.name}' is a quantizer, so it must be the last step")

@@ -51,6 +51,7 @@ from quantkit.pipeline.layer_writer import static_targets, write_kv_scales, writ
 from quantkit.pipeline.memory import advise_huge_pages, available_memory
 from quantkit.pipeline.onload import build_skeleton, dematerialize, get_module, materialize
 from quantkit.pipeline.resume import ACTIVATIONS
+from quantkit.pipeline.rotated_source import rotated_inputs
 from quantkit.pipeline.state import RunOptions, RunState
 from quantkit.pipeline.stream import ExpertStream
 import resource
@@ -112,6 +113,7 @@ def _open(config, source, recipe: Recipe, samples: list[list[int]] | None, write
     model = build_skeleton(config)
     _check_tensors(get_module(model, spec.layers), spec.layers, source)
     transforms, quantizer = build_steps(recipe)
+    config, source = rotated_inputs(config, spec, model, source, recipe)
     needs_data = recipe.needs_calibration
     if needs_data and not samples:
         raise QuantkitError("calibration: this recipe needs calibration data (a step or static activations)")

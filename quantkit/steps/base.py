@@ -149,6 +149,7 @@ class Step(ABC):
     name: ClassVar[str] = ""
     kind: ClassVar[str] = "quantizer"   # or "transform"
     requires_calibration: ClassVar[bool] = False
+    must_be_first: ClassVar[bool] = False   # the recipe refuses it anywhere but steps[0]
 
 
 class Algorithm(Step):

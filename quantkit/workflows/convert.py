@@ -49,6 +49,8 @@ from quantkit.sensitivity import candidates_from
 from quantkit.sensitivity.search import SearchOptions, sensitivity_search
 import sys
 from quantkit.pipeline.onload import build_skeleton
+from quantkit.pipeline.rotated_source import check_rotation
+from quantkit.arch.table import arch_for
 
 if TYPE_CHECKING:
     from quantkit.sensitivity.search import SearchOptions
@@ -528,6 +530,7 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
     keeps some module in high precision (one given in ``required``, ``--ignore``, fails when
     it matches none; one from the recipe warns)."""
 
+    check_rotation(config, arch_for(config)[1], recipe)
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
     quantized = 0

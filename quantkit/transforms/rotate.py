@@ -1,0 +1,39 @@
+"""The ``rotate`` step: rotation.py's Hadamard rotations as the first step of a recipe's chain.
+
+Inside each decoder layer the step folds the rotations into the layer before the other steps
+search on it; the residual rotation's parts outside the layers (embedding, final norm, LM head)
+are the pipeline's to write (pipeline/rotated_source.py), from the same matrices. No search:
+the matrices follow from the sizes and ``seed``, so a resumed or data-parallel run folds the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
+from quantkit.transforms.rotation import Rotations, rotate_layer, rotation_matrices
+
+
+@register_algorithm("rotate")
+@dataclass
+class Rotate(Transform):
+    """Randomised Hadamard rotations folded into the weights (transforms/rotation.py)."""
+
+    requires_calibration: ClassVar[bool] = False
+    must_be_first: ClassVar[bool] = True
+
+    residual: bool = True       # the residual stream (embedding, norms' readers, o_proj/down_proj rows, LM head)
+    heads: bool = True          # each value head (v_proj rows, o_proj columns)
+    seed: int | None = 0        # random signs of the Hadamard matrices; null for plain ones
+
+    @property
+    def rotations(self) -> Rotations:
+        return Rotations(self.residual, self.heads, self.seed)
+
+    def search(self, ctx: LayerContext) -> TransformResult:
+        return TransformResult(summary={"residual": self.residual, "heads": self.heads, "seed": self.seed})
+
+    def apply(self, ctx: LayerContext, result: TransformResult) -> None:
+        q, h = rotation_matrices(ctx.config, self.rotations)
+        rotate_layer(ctx.layer, ctx.arch, ctx.config, q, h)
