@@ -10,8 +10,12 @@ SmolLM2's widths (576) are not multiples of 128, so the 128-wide presets run her
 FP8 blocks of 64 x 64 with activation groups of 64, and int4 / int3 groups of 64. Every GPTQ
 run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges, true-sequential).
 
+A label may also be a shipped recipe's name (``nvfp4a16``), and ``+rot`` after a label puts the
+``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first.
+
 Usage:
     python benchmarks/formats.py --samples 32 --eval-windows 20
+    python benchmarks/formats.py --only fp32,w4a16-g64,w4a16-g64+rot,nvfp4a16,nvfp4a16+rot
     python benchmarks/formats.py --only fp32,mxfp8,w3a16-g64 --json out.json
 """
 
@@ -46,9 +50,35 @@ RUNS = {
     "w4a8-g64": (_group(INT4, {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}), "rtn"),
     "w4a8-g64-gptq": (_group(dict(INT4, **GPTQ_WEIGHTS),
                              {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}), "gptq"),
+    "w4a16-g64": (_group(INT4), "rtn"),
+    "w4a16-g64-gptq": (_group(dict(INT4, **GPTQ_WEIGHTS)), "gptq"),
     "w3a16-g64": (_group(INT3), "rtn"),
     "w3a16-g64-gptq": (_group(dict(INT3, **GPTQ_WEIGHTS)), "gptq"),
 }
+
+
+def recipe_of(label: str, samples: int, seq_len: int) -> dict:
+    """The recipe a run label names: one of ``RUNS``, or a shipped recipe (``recipes/NAME.yaml``);
+    ``+rot`` after it puts the ``rotate`` step (residual and heads) first in its chain."""
+    import yaml
+
+    name, rotated = label.removesuffix("+rot"), label.endswith("+rot")
+    if name in RUNS:
+        groups, algorithm = RUNS[name]
+        recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
+    else:
+        recipe = yaml.safe_load((HERE.parent.parent / "recipes" / f"{name}.yaml").read_text())
+    recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
+    if rotated:
+        algorithm = recipe.pop("algorithm", None)
+        steps = recipe.pop("steps", None) or [algorithm["name"] if isinstance(algorithm, dict) else algorithm]
+        recipe["steps"] = ["rotate", *steps]
+    return recipe
+
+
+def known(label: str) -> bool:
+    name = label.removesuffix("+rot")
+    return label == "fp32" or name in RUNS or (HERE.parent.parent / "recipes" / f"{name}.yaml").is_file()
 
 
 def measure(label: str, folder: Path, held: list, calib: list, bos, workdir: Path, seq_len: int) -> dict:
@@ -58,12 +88,10 @@ def measure(label: str, folder: Path, held: list, calib: list, bos, workdir: Pat
 
     if label == "fp32":
         return {"perplexity": perplexity(AutoModelForCausalLM.from_pretrained(folder), held, bos)}
-    groups, algorithm = RUNS[label]
-    recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm},
-              "calibration": {"num_samples": len(calib), "max_seq_len": seq_len}}
+    recipe = quantkit.load_recipe(recipe_of(label, len(calib), seq_len))
     t0 = time.perf_counter()
-    q = quantkit.quantize(folder, recipe, calib if algorithm == "gptq" else None,
-                          quantkit.ConvertOptions(workdir=str(workdir / label)))
+    q = quantkit.quantize(folder, recipe, calib if recipe.needs_calibration else None,
+                          quantkit.ConvertOptions(workdir=str(workdir / label.replace("+", "-"))))
     seconds = time.perf_counter() - t0
     return {"perplexity": perplexity(q.load(), held, bos), "quantize_seconds": round(seconds, 1)}
 
@@ -75,7 +103,8 @@ def main() -> None:
     ap.add_argument("--eval-windows", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", help="comma-separated run labels (fp32 and those of RUNS)")
+    ap.add_argument("--only", help="comma-separated run labels: fp32, those of RUNS or a recipe name, each "
+                    "optionally followed by +rot (the rotate step first)")
     ap.add_argument("--json", help="write the figures to this file")
     a = ap.parse_args()
 
@@ -88,9 +117,10 @@ def main() -> None:
     folder = model_dir("smollm2")
     held, calib, bos = heldout_and_calibration(load_tokenizer(folder), a.eval_windows, a.seq_len, a.samples, a.seed)
     labels = a.only.split(",") if a.only else ["fp32", *RUNS]
-    unknown = [x for x in labels if x != "fp32" and x not in RUNS]
+    unknown = [x for x in labels if not known(x)]
     if unknown:
-        ap.error(f"--only: unknown run '{unknown[0]}' (known: fp32, {', '.join(RUNS)})")
+        ap.error(f"--only: unknown run '{unknown[0]}' (known: fp32, {', '.join(RUNS)}, a recipe name; "
+                 "each may end in +rot)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in labels:

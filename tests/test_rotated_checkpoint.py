@@ -85,3 +85,20 @@ def test_a_rotation_the_model_cannot_take_is_refused_before_any_layer(tmp_path):
     assert out is not None   # the head rotation alone applies to Gemma3
     with pytest.raises(QuantkitError, match=r"steps\[1\]: 'rotate' must be the first step"):
         quantkit.load_recipe({"scheme": "W4A16", "steps": ["awq", "rotate", "rtn"]})
+
+
+def test_the_integrity_pass_reads_a_rotated_checkpoint_against_the_rotated_baseline(tmp_path):
+    from quantkit.evaluation.integrity.check import check_checkpoint
+
+    src = _source("LlamaForCausalLM", tmp_path / "src")
+    out = quantkit.quantize(src, {"scheme": "W4A16", "group_size": 16, "steps": ["rotate", "rtn"]}).save(tmp_path / "out")
+    report = check_checkpoint(src, out)
+    assert not report.fallback and len(report.transformed) == 2
+    assert report.tensors == {}, report.tensors   # embedding, final norm and head equal the turned baseline's
+    assert all(not m["problems"] for m in report.modules.values())
+    # a planted change in the rotated embedding is still caught
+    from safetensors.torch import load_file, save_file
+    tensors = load_file(out / "model.safetensors")
+    tensors["model.embed_tokens.weight"][3, :4] += 0.5
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    assert "model.embed_tokens.weight" in check_checkpoint(src, out).tensors

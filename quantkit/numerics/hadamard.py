@@ -101,9 +101,18 @@ def _hadamard(n: int) -> torch.Tensor:
 def hadamard(n: int, seed: int | None = None) -> torch.Tensor:
     """An orthogonal ``[n, n]`` float64 matrix ``diag(s) H / sqrt(n)``: ``s`` random signs drawn
     from ``seed`` (QuaRot's randomised Hadamard), all +1 when ``seed`` is None."""
-    h = _hadamard(n) / n ** 0.5
+    return signed_hadamard(signs(n, seed))
+
+
+def signs(n: int, seed: int | None) -> torch.Tensor:
+    """``n`` random signs (float64 +-1) drawn from ``seed``; all +1 when ``seed`` is None."""
     if seed is None:
-        return h.clone()
+        return torch.ones(n, dtype=torch.float64)
     g = torch.Generator().manual_seed(seed)
-    signs = torch.randint(0, 2, (n,), generator=g, dtype=torch.float64) * 2 - 1
-    return signs[:, None] * h
+    return torch.randint(0, 2, (n,), generator=g, dtype=torch.float64) * 2 - 1
+
+
+def signed_hadamard(s: torch.Tensor) -> torch.Tensor:
+    """``diag(s) H / sqrt(n)`` for signs ``s`` of length ``n``."""
+    n = s.numel()
+    return s.double()[:, None] * (_hadamard(n) / n ** 0.5)

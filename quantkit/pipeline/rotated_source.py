@@ -107,3 +107,21 @@ def rotated_inputs(config, spec, model: nn.Module, source, recipe):
         config = copy.deepcopy(config)
         config.tie_word_embeddings = False
     return config, RotatedSource(source, outer_names(model), q, spec.norm_weight_offset)
+
+
+def recorded_rotation(config, source, recipe: dict | None):
+    """``source`` as the conversion recorded in ``recipe`` (``quantization_log.json["recipe"]``)
+    read it: wrapped when that recipe rotated the residual stream, else as given (a recipe that
+    no longer validates is the reference's to report)."""
+    from quantkit.arch.table import arch_for
+    from quantkit.pipeline.onload import build_skeleton
+    from quantkit.recipe import Recipe
+
+    if not recipe:
+        return source
+    try:
+        parsed = Recipe.from_dict(recipe, where="quantization_log.json: recipe")
+        _, spec = arch_for(config)
+        return rotated_inputs(config, spec, build_skeleton(config), source, parsed)[1]
+    except QuantkitError:
+        return source

@@ -3,7 +3,8 @@
 Inside each decoder layer the step folds the rotations into the layer before the other steps
 search on it; the residual rotation's parts outside the layers (embedding, final norm, LM head)
 are the pipeline's to write (pipeline/rotated_source.py), from the same matrices. No search:
-the matrices follow from the sizes and ``seed``, so a resumed or data-parallel run folds the same.
+the matrices follow from the sizes and ``seed``, so a resumed or data-parallel run folds the same;
+the result records the signs (``transforms/layer-*.safetensors``), from which ``apply`` builds them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
-from quantkit.transforms.rotation import Rotations, rotate_layer, rotation_matrices
+from quantkit.transforms.rotation import Rotations, matrices_of, rotate_layer, rotation_signs
 
 
 @register_algorithm("rotate")
@@ -32,8 +35,10 @@ class Rotate(Transform):
         return Rotations(self.residual, self.heads, self.seed)
 
     def search(self, ctx: LayerContext) -> TransformResult:
-        return TransformResult(summary={"residual": self.residual, "heads": self.heads, "seed": self.seed})
+        found = rotation_signs(ctx.config, self.rotations)
+        return TransformResult({f"signs.{k}": v.to(torch.int8) for k, v in found.items()},
+                               {"residual": self.residual, "heads": self.heads, "seed": self.seed})
 
     def apply(self, ctx: LayerContext, result: TransformResult) -> None:
-        q, h = rotation_matrices(ctx.config, self.rotations)
+        q, h = matrices_of({k.removeprefix("signs."): v for k, v in result.tensors.items()})
         rotate_layer(ctx.layer, ctx.arch, ctx.config, q, h)

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from quantkit.arch.table import ArchSpec, SmoothMapping, _head_dim
-from quantkit.numerics.hadamard import hadamard, hadamard_base
+from quantkit.numerics.hadamard import hadamard_base, signed_hadamard, signs
 from quantkit.transforms.fold import smooth_channels
 
 
@@ -136,12 +136,27 @@ def rotate_edges(model: nn.Module, arch: ArchSpec, q: torch.Tensor) -> None:
     turn_columns(head.weight, q)
 
 
+def rotation_signs(config, rotations: Rotations) -> dict[str, torch.Tensor]:
+    """The random signs of the rotations asked for: ``residual`` (hidden size) and ``heads``
+    (head_dim); the matrices are ``signed_hadamard`` of them."""
+    out = {}
+    if rotations.residual:
+        out["residual"] = signs(config.hidden_size, rotations.seed)
+    if rotations.heads:
+        out["heads"] = signs(_head_dim(config), None if rotations.seed is None else rotations.seed + 1)
+    return out
+
+
 def rotation_matrices(config, rotations: Rotations) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(Q, H)``: the residual and head rotations (float64), None where not asked for."""
-    q = hadamard(config.hidden_size, rotations.seed) if rotations.residual else None
-    seed = None if rotations.seed is None else rotations.seed + 1
-    h = hadamard(_head_dim(config), seed) if rotations.heads else None
-    return q, h
+    found = rotation_signs(config, rotations)
+    return matrices_of(found)
+
+
+def matrices_of(found: dict[str, torch.Tensor]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(Q, H)`` from ``rotation_signs``' result (None where a rotation is absent)."""
+    q, h = found.get("residual"), found.get("heads")
+    return (None if q is None else signed_hadamard(q)), (None if h is None else signed_hadamard(h))
 
 
 def rotate_model(model: nn.Module, arch: ArchSpec, layers: list[nn.Module], rotations: Rotations) -> None:

@@ -38,6 +38,7 @@ from quantkit.formats.compressed_tensors import (compress_module, decompress_mod
                                                  scheme_for, unpack_module_codes)
 from quantkit.formats.fp4 import compress_fp4_module
 from quantkit.numerics.e8m0 import exponent_to_scale
+from quantkit.pipeline.rotated_source import recorded_rotation
 from quantkit.numerics.fp4 import FP4Weight
 from quantkit.numerics.primitives import FP8_DTYPE, dequantize
 from quantkit.config.scheme import QuantScheme, fp4_kind
@@ -335,6 +336,8 @@ def check_checkpoint(base_dir: str | Path, cand_dir: str | Path, use_record: boo
         raise QuantkitError(f"{base_dir / 'config.json'}: {str(e).splitlines()[0]}") from None
     base, cand = SafetensorsSource(base_dir), SafetensorsSource(cand_dir)
     log = read_quantization_log(cand_dir)
+    # a rotated conversion's embedding, final norm and LM head are the baseline's, turned
+    base = recorded_rotation(config, base, (log or {}).get("recipe"))
     stats = {n: s for n, s in ((log or {}).get("modules") or {}).items() if isinstance(s, dict)}
     quantized = _quantized_modules(config, groups, ignore)
     report = IntegrityReport()
