@@ -19,6 +19,8 @@ from quantkit.config.scheme import QuantArgs
 
 # (id, recipe text, the key path and message the one line must carry)
 BAD = [
+    ("rotate-not-first", "scheme: W4A16\nsteps: [awq, rotate, rtn]\n",
+     "steps[1]: 'rotate' must be the first step (the other steps search on its result)"),
     ("int-9-bits", "config_groups:\n  group_0:\n    weights: {num_bits: 9, group_size: 32}\n",
      "config_groups.group_0.weights.num_bits: int quantization supports 2..8 bits, got 9"),
     ("block-without-structure", "scheme: {weights: {num_bits: 8, type: float, strategy: block}}\n",
@@ -217,6 +219,23 @@ def test_cli_refuses_bad_recipe_before_any_work(tiny_llama, tmp_path, text, expe
     out = tmp_path / "out"
     _assert_one_line(_convert(tiny_llama, recipe, out), f"{recipe}: {expected}")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]   # no output, no staging folder
+
+
+@pytest.mark.parametrize("options,expected", [
+    ("{}", "steps[0].rotate.residual: hidden_size 172 is not a power of two times a Hadamard order"),
+    ("{residual: false}", "steps[0].rotate.heads: head_dim 86 is not a power of two times a Hadamard order"),
+])
+def test_cli_refuses_a_rotation_the_model_cannot_take(tmp_path, options, expected):
+    """172 = 43 x 4 and 86 = 43 x 2 have no Hadamard matrix quantkit builds: refused before any layer,
+    nothing written."""
+    from model_factory import make_llama_dir
+
+    model = make_llama_dir(tmp_path / "model" / "odd", hidden=172, intermediate=256, heads=2, kv_heads=2)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir())
+    recipe = _recipe(tmp_path, f"scheme: W4A16\ngroup_size: 4\nsteps: [{{rotate: {options}}}, rtn]\n")
+    _assert_one_line(_convert(model, recipe, tmp_path / "out"), f"{recipe}: {expected}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "model"]
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in model.iterdir()) == before
 
 
 def test_cli_refuses_a_recipe_folder(tiny_llama, tmp_path):
