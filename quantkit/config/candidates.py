@@ -10,6 +10,9 @@ Biases cost the same in every format and are left out. So with float32 scales W4
     >>> w4 = CANDIDATES["W4_G64"]
     >>> round(bits_per_weight(w4, 576, 576, torch.float32), 4), bits_per_weight(None, 8, 8, torch.bfloat16)
     (4.5004, 16.0)
+
+FP4 packs two codes a byte with one byte per group scale: NVFP4 (groups of 16) 4.5 bits, MXFP4
+(groups of 32) 4.25 bits per weight.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import torch
 from pydantic import BeforeValidator, StrictStr, model_validator
 
 from quantkit.errors import QuantkitError
-from quantkit.config.scheme import QuantArgs, QuantScheme
+from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind
 from quantkit.config.validation import config, invalid, parse
 
 #: The named candidates a recipe may list (symmetric int, min-max ranges unless the recipe's own
@@ -94,8 +97,12 @@ def weight_bytes(args: QuantArgs | None, out_features: int, in_features: int, dt
     n_scales = {"tensor": 1, "channel": out_features}.get(args.strategy)
     if args.strategy == "block":
         n_scales = (out_features // args.block_structure[0]) * (in_features // args.block_structure[1])
-    elif n_scales is None:   # group
+    elif n_scales is None:   # group, tensor_group
         n_scales = out_features * (in_features // args.group_size)
+    if fp4_kind(args) is not None:
+        # two E2M1 codes a byte (weight_packed uint8), one byte per group scale (FP8 or E8M0),
+        # NVFP4's float32 weight_global_scale
+        return out_features * in_features // 2 + n_scales + (4 if fp4_kind(args) == "nvfp4" else 0)
     size = n_scales * (1 if args.is_mx else elt)   # MX scales: one E8M0 byte each
     if args.type == "float":
         size += out_features * in_features   # float8 codes, one byte each

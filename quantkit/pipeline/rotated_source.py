@@ -16,9 +16,13 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from quantkit.arch.table import arch_for
 from quantkit.errors import QuantkitError
+from quantkit.pipeline.onload import build_skeleton
+from quantkit.recipe import Recipe
+from quantkit.steps import build_algorithm
 from quantkit.transforms.rotate import Rotate
-from quantkit.transforms.rotation import rotation_matrices
+from quantkit.transforms.rotation import rotation_matrices, rotation_problem
 
 #: Rows turned at a time: an embedding of 150k x 8k stays a few hundred MiB in float64 per chunk.
 ROWS = 8192
@@ -81,9 +85,6 @@ class RotatedSource:
 def check_rotation(config, spec, recipe) -> "Rotate | None":
     """The recipe's ``rotate`` step, None without one; a rotation the model cannot take is refused
     in one line naming the recipe key (``steps[k].rotate.<option>: reason``)."""
-    from quantkit.steps import build_algorithm
-    from quantkit.transforms.rotation import rotation_problem
-
     for k, spec_k in enumerate(recipe.steps):
         if spec_k.name != "rotate":
             continue
@@ -113,10 +114,6 @@ def recorded_rotation(config, source, recipe: dict | None):
     """``source`` as the conversion recorded in ``recipe`` (``quantization_log.json["recipe"]``)
     read it: wrapped when that recipe rotated the residual stream, else as given (a recipe that
     no longer validates is the reference's to report)."""
-    from quantkit.arch.table import arch_for
-    from quantkit.pipeline.onload import build_skeleton
-    from quantkit.recipe import Recipe
-
     if not recipe:
         return source
     try:

@@ -8,7 +8,9 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import compress_module
 from quantkit.numerics.primitives import quantize_weight
-from quantkit.config.scheme import QuantArgs, QuantScheme
+from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind, preset
+from quantkit.formats.fp4 import compress_fp4_module
+from quantkit.numerics.fp4 import quantize_fp4_weight
 from quantkit.sensitivity import bits_per_weight, candidate, candidates_from, weight_bytes
 
 FORMATS = [
@@ -64,3 +66,16 @@ def test_bad_candidates_are_one_line(spec, needle):
     with pytest.raises(QuantkitError) as e:
         candidates_from(spec, None, "mixed.candidates")
     assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("preset_name", ["NVFP4A16", "MXFP4A16"])
+def test_fp4_bytes_are_what_the_format_writes(preset_name):
+    """Two codes a byte, one byte per group scale, NVFP4's global scale: 4.5 and 4.25 bits a weight."""
+    scheme = preset(preset_name)
+    out, cols = 48, 96
+    w = torch.randn(out, cols, generator=torch.Generator().manual_seed(0))
+    tensors = compress_fp4_module(quantize_fp4_weight(w, fp4_kind(scheme.weights)), scheme)
+    written = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert weight_bytes(scheme.weights, out, cols, torch.bfloat16) == written
+    assert round(bits_per_weight(scheme.weights, 4096, 4096, torch.bfloat16), 2) == {"NVFP4A16": 4.5,
+                                                                                     "MXFP4A16": 4.25}[preset_name]
