@@ -118,6 +118,8 @@ def recorded_rotation(config, source, recipe: dict | None):
         return source
     try:
         parsed = Recipe.from_dict(recipe, where="quantization_log.json: recipe")
+        if not any(step.name == "rotate" for step in parsed.steps):
+            return source
         _, spec = arch_for(config)
         return rotated_inputs(config, spec, build_skeleton(config), source, parsed)[1]
     except QuantkitError:

@@ -530,7 +530,8 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
     keeps some module in high precision (one given in ``required``, ``--ignore``, fails when
     it matches none; one from the recipe warns)."""
 
-    check_rotation(config, arch_for(config)[1], recipe)
+    if any(step.name == "rotate" for step in recipe.steps):
+        check_rotation(config, arch_for(config)[1], recipe)
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
     quantized = 0
