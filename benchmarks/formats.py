@@ -71,7 +71,9 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
     if rotated:
         algorithm = recipe.pop("algorithm", None)
-        steps = recipe.pop("steps", None) or [algorithm["name"] if isinstance(algorithm, dict) else algorithm]
+        if isinstance(algorithm, dict):   # the one-step form, options kept
+            algorithm = {algorithm["name"]: {k: v for k, v in algorithm.items() if k != "name"}}
+        steps = recipe.pop("steps", None) or [algorithm]
         recipe["steps"] = ["rotate", *steps]
     return recipe
 
