@@ -1,4 +1,4 @@
-"""Number formats benchmark: held-out perplexity of SmolLM2 under FP8 blocks, MXFP8, W4AFP8,
+"""Number formats benchmark: held-out perplexity of SmolLM2 (or ``--model gemma3``) under FP8 blocks, MXFP8, W4AFP8,
 W4A8 and 3-bit weights, RTN and GPTQ, read back through ``quantkit.load`` (the torch reference
 path, activations quantized as each scheme says).
 
@@ -16,6 +16,7 @@ A label may also be a shipped recipe's name (``nvfp4a16``), and ``+rot`` after a
 Usage:
     python benchmarks/formats.py --samples 32 --eval-windows 20
     python benchmarks/formats.py --only fp32,w4a16-g64,w4a16-g64+rot,nvfp4a16,nvfp4a16+rot
+    python benchmarks/formats.py --model gemma3 --only fp32,nvfp4a16,nvfp4a16-gptq
     python benchmarks/formats.py --only fp32,mxfp8,w3a16-g64 --json out.json
 """
 
@@ -100,6 +101,7 @@ def measure(label: str, folder: Path, held: list, calib: list, bos, workdir: Pat
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2", help="smollm2, gemma3, or a local HF folder")
     ap.add_argument("--samples", type=int, default=32, help="GPTQ calibration windows")
     ap.add_argument("--seq-len", type=int, default=512)
     ap.add_argument("--eval-windows", type=int, default=20)
@@ -116,7 +118,7 @@ def main() -> None:
     from gptq import heldout_and_calibration, load_tokenizer, model_dir
 
     torch.set_num_threads(a.threads)
-    folder = model_dir("smollm2")
+    folder = model_dir(a.model)
     held, calib, bos = heldout_and_calibration(load_tokenizer(folder), a.eval_windows, a.seq_len, a.samples, a.seed)
     labels = a.only.split(",") if a.only else ["fp32", *RUNS]
     unknown = [x for x in labels if not known(x)]
