@@ -14,7 +14,10 @@ from quantkit.evaluation import evaluate, load_suite
 
 @pytest.fixture
 def broken_triton(monkeypatch):
-    """The registry as in a process whose triton modules fail to import."""
+    """The registry as in a process whose triton modules fail to import. The real registry is
+    loaded first: the torch reference registers on its module's first import, so a registry
+    emptied before that import would stay without it for the tests that run after this one."""
+    kernels._ensure_loaded()
     for name in ("fp8_gemm", "int4_gemm", "int8_gemm"):
         monkeypatch.setitem(sys.modules, f"quantkit.kernels.{name}", None)
         monkeypatch.delattr(kernels, name, raising=False)
