@@ -11,7 +11,8 @@ FP8 blocks of 64 x 64 with activation groups of 64, and int4 / int3 groups of 64
 run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges, true-sequential).
 
 A label may also be a shipped recipe's name (``nvfp4a16``), and ``+rot`` after a label puts the
-``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first.
+``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first, and
+``+roth`` the value/output rotation alone (the one Gemma3 takes).
 
 Usage:
     python benchmarks/formats.py --samples 32 --eval-windows 20
@@ -58,29 +59,36 @@ RUNS = {
 }
 
 
+#: label suffix -> the rotate step it puts first; Gemma3 and MoE models take only the head rotation
+ROTATIONS = {"rot": "rotate", "roth": {"rotate": {"residual": False}}}
+
+
 def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     """The recipe a run label names: one of ``RUNS``, or a shipped recipe (``recipes/NAME.yaml``);
-    ``+rot`` after it puts the ``rotate`` step (residual and heads) first in its chain."""
+    ``+rot`` after it puts the ``rotate`` step (residual and heads) first in its chain, ``+roth`` the
+    head rotation alone."""
     import yaml
 
-    name, rotated = label.removesuffix("+rot"), label.endswith("+rot")
+    name, _, rotation = label.partition("+")
     if name in RUNS:
         groups, algorithm = RUNS[name]
         recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
     else:
         recipe = yaml.safe_load((HERE.parent.parent / "recipes" / f"{name}.yaml").read_text())
     recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
-    if rotated:
+    if rotation:
         algorithm = recipe.pop("algorithm", None)
         if isinstance(algorithm, dict):   # the one-step form, options kept
             algorithm = {algorithm["name"]: {k: v for k, v in algorithm.items() if k != "name"}}
         steps = recipe.pop("steps", None) or [algorithm]
-        recipe["steps"] = ["rotate", *steps]
+        recipe["steps"] = [ROTATIONS[rotation], *steps]
     return recipe
 
 
 def known(label: str) -> bool:
-    name = label.removesuffix("+rot")
+    name, _, rotation = label.partition("+")
+    if rotation and rotation not in ROTATIONS:
+        return False
     return label == "fp32" or name in RUNS or (HERE.parent.parent / "recipes" / f"{name}.yaml").is_file()
 
 
@@ -108,7 +116,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--only", help="comma-separated run labels: fp32, those of RUNS or a recipe name, each "
-                    "optionally followed by +rot (the rotate step first)")
+                    "optionally followed by +rot (the rotate step first) or +roth (its head rotation alone)")
     ap.add_argument("--json", help="write the figures to this file")
     a = ap.parse_args()
 
@@ -124,7 +132,7 @@ def main() -> None:
     unknown = [x for x in labels if not known(x)]
     if unknown:
         ap.error(f"--only: unknown run '{unknown[0]}' (known: fp32, {', '.join(RUNS)}, a recipe name; "
-                 "each may end in +rot)")
+                 "each may end in +rot or +roth)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in labels:
