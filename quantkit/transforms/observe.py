@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from quantkit.numerics.gram import gram
 from quantkit.steps.base import LayerContext
 
 
@@ -111,13 +112,22 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
     """One pass over every calibration batch: channel statistics of ``linears``, replays of ``parents``.
 
     ``group_size[name]``: also accumulate that linear's per-group Gram matrices.
-    ``full_gram``: linears whose whole ``[in, in]`` Gram is accumulated too (computed once for
-    linears that read the same input tensor, such as q/k/v).
+    ``full_gram``: linears whose whole ``[in, in]`` Gram is accumulated too.
+    Linears that read the same input tensor (q/k/v, gate/up) share every statistic's computation.
     ``skip_first``: leave the first tokens of each row out (see the module docstring).
     """
     group_size = group_size or {}
     full_gram = full_gram or set()
-    last_input: dict[str, object] = {"x": None, "gram": None}   # q/k/v see one tensor: one product
+    # q/k/v (gate/up) read one tensor: what is computed from it is computed once, for all of them
+    shared: dict[str, object] = {"input": None}
+
+    def from_input(inputs: tuple, key: str, compute):
+        if shared["input"] is not inputs[0]:
+            shared.clear()
+            shared["input"] = inputs[0]
+        if key not in shared:
+            shared[key] = compute()
+        return shared[key]
 
     def kept(x: torch.Tensor) -> torch.Tensor:
         """Flat indices of the tokens of ``x`` ([rows, row_len, features] or [tokens, features]) observed."""
@@ -130,10 +140,13 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
     sample = set(batches)
     pending: dict[str, tuple[tuple, dict, torch.Tensor]] = {}
 
+    def observed(inputs: tuple) -> torch.Tensor:
+        x = inputs[0].detach()
+        return (x.reshape(-1, x.shape[-1])[kept(x)] if skip_first else ctx.tokens(x)).float()
+
     def stat_hook(name: str):
         def hook(module: nn.Module, inputs: tuple) -> None:
-            x = inputs[0].detach()
-            x = (x.reshape(-1, x.shape[-1])[kept(x)] if skip_first else ctx.tokens(x)).float()
+            x = from_input(inputs, "x", lambda: observed(inputs))
             st = stats.get(name)
             if st is None:
                 st = stats[name] = ChannelStats(torch.zeros(x.shape[-1]), torch.zeros(x.shape[-1]))
@@ -143,15 +156,16 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
                 if name in full_gram:
                     st.full = torch.zeros(x.shape[-1], x.shape[-1])
             if st.full is not None:
-                if last_input["x"] is not inputs[0]:
-                    last_input["x"], last_input["gram"] = inputs[0], x.T @ x
-                st.full += last_input["gram"]
-            st.abs_sum += x.abs().sum(0)
-            st.abs_max = torch.maximum(st.abs_max, x.abs().amax(0))
+                st.full += from_input(inputs, "full", lambda: gram(x))
+            ax = from_input(inputs, "abs", x.abs)
+            st.abs_sum += from_input(inputs, "abs_sum", lambda: ax.sum(0))
+            st.abs_max = torch.maximum(st.abs_max, from_input(inputs, "abs_max", lambda: ax.amax(0)))
             st.count += x.shape[0]
             if st.gram is not None:
-                xg = x.view(x.shape[0], -1, st.group_size).transpose(0, 1)   # [groups, n, g]
-                st.gram += xg.transpose(1, 2) @ xg
+                def groups(g: int = st.group_size) -> torch.Tensor:
+                    xg = x.view(x.shape[0], -1, g).transpose(0, 1)   # [groups, n, g]
+                    return xg.transpose(1, 2) @ xg
+                st.gram += from_input(inputs, f"groups{st.group_size}", groups)
         return hook
 
     def parent_pre(name: str):
@@ -180,5 +194,5 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
     finally:
         for h in handles:
             h.remove()
-        last_input.clear()
+        shared.clear()
     return stats, replays

@@ -11,6 +11,7 @@ from torch import nn
 
 from quantkit.steps import LayerContext, build_algorithm
 from quantkit.quantizers.gptq import columns as columns_mod
+from quantkit.numerics import gram as gram_mod
 from quantkit.quantizers.gptq import hessian as hessian_mod
 from quantkit.quantizers.gptq import solve as solve_mod
 from quantkit.quantizers.gptq import GPTQ, accumulate_hessian, inverse_hessian_factor, gptq_quantize_weight
@@ -464,16 +465,16 @@ def test_single_pass_solves_a_linear_again_when_its_input_differs():
     assert torch.equal(layer.k_proj.weight.data, results["k_proj"].dequantized(scheme.weights, torch.float32))
 
 
-@pytest.mark.parametrize("cols", [hessian_mod._GRAM_BLOCK + 5, 3 * hessian_mod._GRAM_BLOCK + 17,
-                                  hessian_mod._WIDE_GRAM_COLUMNS + 3 * hessian_mod._GRAM_BLOCK + 7])
+@pytest.mark.parametrize("cols", [gram_mod._GRAM_BLOCK + 5, 3 * gram_mod._GRAM_BLOCK + 17,
+                                  gram_mod._WIDE_GRAM_COLUMNS + 3 * gram_mod._GRAM_BLOCK + 7])
 def test_gram_is_the_exact_symmetric_product(cols):
     x = correlated_inputs(300, cols, seed=4)
-    G = hessian_mod.gram(x)
+    G = gram_mod.gram(x)
     torch.testing.assert_close(G, x.T @ x, rtol=1e-5, atol=1e-3)
     assert torch.equal(G, G.T)
 
 
-@pytest.mark.parametrize("cols", [3 * hessian_mod._GRAM_BLOCK + 17, hessian_mod._WIDE_GRAM_COLUMNS + 3 * hessian_mod._GRAM_BLOCK + 7])
+@pytest.mark.parametrize("cols", [3 * gram_mod._GRAM_BLOCK + 17, gram_mod._WIDE_GRAM_COLUMNS + 3 * gram_mod._GRAM_BLOCK + 7])
 def test_hessian_folds_in_place_to_the_running_mean_of_every_batch(cols):
     """Batches folded one by one (``beta * H + alpha * x^T x`` into ``H``'s own memory) give
     ``2/T * X^T X`` of all of them at once, exactly symmetric at every step."""

@@ -26,7 +26,8 @@ Example:
 
 from quantkit.quantizers.gptq.algorithm import GPTQ
 from quantkit.quantizers.gptq.collect import HessianSet, collect_hessians
-from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION, RunningHessian, accumulate_hessian, fold_gram, gram
+from quantkit.numerics.gram import fold_gram, gram
+from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION, RunningHessian, accumulate_hessian
 from quantkit.quantizers.gptq.solve import GPTQResult, InverseHessian, SolveSettings, gptq_quantize_weight, inverse_hessian_factor
 
 __all__ = ["GPTQ", "GPTQResult", "GPTQ_PRECISION", "HessianSet", "InverseHessian", "RunningHessian", "SolveSettings",
