@@ -10,7 +10,8 @@ SmolLM2's widths (576) are not multiples of 128, so the 128-wide presets run her
 FP8 blocks of 64 x 64 with activation groups of 64, and int4 / int3 groups of 64. Every GPTQ
 run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges, true-sequential).
 
-A label may also be a shipped recipe's name (``nvfp4a16``), and ``+rot`` after a label puts the
+A label may also be a shipped recipe's name (``nvfp4a16``; an FP4 one with ``-gptq`` after it,
+``mxfp4a16-gptq``, runs GPTQ with ``nvfp4a16-gptq``'s settings), and ``+rot`` after a label puts the
 ``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first, and
 ``+roth`` the value/output rotation alone (the one Gemma3 takes).
 
@@ -59,6 +60,10 @@ RUNS = {
 }
 
 
+RECIPES = HERE.parent.parent / "recipes"
+#: shipped FP4 recipes that take ``-gptq`` after their name (GPTQ with ``nvfp4a16-gptq``'s settings)
+FP4_RECIPES = ("nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16")
+
 #: label suffix -> the rotate step it puts first; Gemma3 and MoE models take only the head rotation
 ROTATIONS = {"rot": "rotate", "roth": {"rotate": {"residual": False}}}
 
@@ -73,8 +78,11 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     if name in RUNS:
         groups, algorithm = RUNS[name]
         recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
-    else:
-        recipe = yaml.safe_load((HERE.parent.parent / "recipes" / f"{name}.yaml").read_text())
+    elif (RECIPES / f"{name}.yaml").is_file():
+        recipe = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
+    else:   # an FP4 recipe by GPTQ, with nvfp4a16-gptq's settings
+        recipe = yaml.safe_load((RECIPES / f"{name.removesuffix('-gptq')}.yaml").read_text())
+        recipe["algorithm"] = yaml.safe_load((RECIPES / "nvfp4a16-gptq.yaml").read_text())["algorithm"]
     recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
     if rotation:
         algorithm = recipe.pop("algorithm", None)
@@ -89,7 +97,8 @@ def known(label: str) -> bool:
     name, _, rotation = label.partition("+")
     if rotation and rotation not in ROTATIONS:
         return False
-    return label == "fp32" or name in RUNS or (HERE.parent.parent / "recipes" / f"{name}.yaml").is_file()
+    fp4_by_gptq = name.endswith("-gptq") and name.removesuffix("-gptq") in FP4_RECIPES
+    return label == "fp32" or name in RUNS or (RECIPES / f"{name}.yaml").is_file() or fp4_by_gptq
 
 
 def measure(label: str, folder: Path, held: list, calib: list, bos, workdir: Path, seq_len: int) -> dict:
