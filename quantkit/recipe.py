@@ -217,8 +217,12 @@ class Recipe:
         if group_size is not None:
             groups = {}
             for n, s in r.groups.items():
-                if s.weights is None or s.weights.type != "int" or s.input_activations is not None:
-                    raise QuantkitError(f"--group-size: config_groups.{n} is not a weight-only int scheme")
+                # weight-only int weights take any strategy's groups; with quantized activations only
+                # weights already grouped (W4A8, W4AFP8): an int8 x int8 GEMM wants per-channel weights
+                if s.weights is None or s.weights.type != "int" or (
+                        s.input_activations is not None and s.weights.strategy != "group"):
+                    raise QuantkitError(f"--group-size: config_groups.{n} has no int weights in groups "
+                                        "(weight-only, or grouped as in W4A8 and W4AFP8)")
                 try:
                     groups[n] = with_group_size(s, group_size)
                 except QuantkitError as e:

@@ -54,6 +54,20 @@ def test_lookup_by_name_preset_and_overrides():
         load_recipe("nonexistent-recipe")
 
 
+@pytest.mark.parametrize("name", ["w4a8", "w4afp8"])
+def test_group_size_override_regroups_int4_weights_under_quantized_activations(name):
+    """Their recipes say to add --group-size 64 where a width is not a multiple of 128 (SmolLM2's 576)."""
+    scheme = load_recipe(name).with_overrides(group_size=64).groups["group_0"]
+    assert (scheme.weights.group_size, scheme.weights.strategy) == (64, "group")
+    assert scheme.input_activations == load_recipe(name).groups["group_0"].input_activations
+
+
+@pytest.mark.parametrize("name", ["w8a8", "fp8-dynamic", "nvfp4a16"])
+def test_group_size_override_refuses_weights_it_cannot_regroup(name):
+    with pytest.raises(QuantkitError, match="--group-size: config_groups.group_0 has no int weights in groups"):
+        load_recipe(name).with_overrides(group_size=64)
+
+
 def test_static_activations_need_calibration():
     assert load_recipe("fp8").needs_calibration
     assert not load_recipe("fp8-dynamic").needs_calibration
