@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Mapping
 from tqdm.auto import tqdm
 
 from quantkit.errors import QuantkitError
-from quantkit.kernels import backend_fallbacks
 
 from quantkit.evaluation.bootstrap import prompt_interval, row_intervals
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
@@ -33,6 +32,7 @@ from quantkit.evaluation.tasks import mc_summary
 from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, insufficient, within_noise
 from quantkit.evaluation.report import save, to_json
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures, task_manager
+from quantkit.runtime.loader import model_fallbacks
 
 if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport
@@ -341,6 +341,7 @@ def evaluate(baseline, candidate, tokenizer, config: EvalConfig | None = None, *
     t0, c0 = time.perf_counter(), time.process_time()
     suite = _score_suite(InProcessBackend(baseline, candidate, tokenizer), tokenizer, cfg, setup)
     lm, measures = _beside_the_suite(baseline, candidate, tokenizer, cfg, setup, suite)
+    _warn_fallbacks(setup, baseline, candidate)
     verdict = _judge(measures, cfg, setup, suite)
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
@@ -375,11 +376,14 @@ def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None =
         _score_suite(ServedPass(base, record, replay=False), tokenizer, cfg,
                      replace(setup, warnings=[], reach=replace(reach, slices={})), desc="engine: baseline")
     with served.candidate() as cand:
-        suite = _score_suite(ServedPass(cand, record, replay=True, path=served.path_check()), tokenizer, cfg, setup,
+        path = served.path_check()   # the candidate in this process, beside the engine
+        suite = _score_suite(ServedPass(cand, record, replay=True, path=path), tokenizer, cfg, setup,
                              desc="engine: candidate")
     measures = dict(suite.values)
     if cfg.integrity is not None:
         measures.update(flagged_measures(cfg.integrity, cfg.thresholds))
+    if path is not None:
+        _warn_fallbacks(setup, path.model)
     verdict = _judge(measures, cfg, setup, suite)
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
     meta = _meta(cfg, setup, suite)
@@ -486,13 +490,18 @@ def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _S
     return lm, measures
 
 
+def _warn_fallbacks(setup: _Setup, *models) -> None:
+    """The slower kernels the scored models ran (e.g. CUDA ran the torch reference: slower than deployed)."""
+    for m in models:
+        setup.warnings += [r for r in model_fallbacks(m) if r not in setup.warnings]
+
+
 def _judge(measures: dict[str, dict], cfg: EvalConfig, setup: _Setup, suite: _Suite) -> Verdict:
     """The verdict, the warnings it raises, and the worst examples and variant levels it selects."""
     th = cfg.thresholds
     thin = insufficient(measures, [s.name for s in setup.slices if not s.public], cfg.options.business_scored_tokens)
     verdict = decide(measures, th, {s.name: setup.gate.why_not() for s in setup.slices
                                     if not setup.gate.gates(s.language, s.public)}, thin)
-    setup.warnings += backend_fallbacks()   # e.g. CUDA ran the torch reference: slower than deployed
     if not any(v for s, v in measures.items() if s not in verdict.not_gated):
         setup.warnings.append("nothing was measured on a slice that gates the verdict: REVIEW, not GO")
         verdict = replace(verdict, decision=max(verdict.decision, REVIEW, key=RANK.get))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
 
 from quantkit.errors import QuantkitError
@@ -17,7 +19,8 @@ BACKENDS: dict[tuple[str, str], Callable] = {}
 
 _log = logging.getLogger("quantkit")
 _triton_error: str | None = None   # why the triton backends did not load, when they did not
-_fallbacks: list[str] = []         # each time a device ran a slower backend than its default, why
+_warned: set[str] = set()          # fallback reasons logged already: one warning per reason a process
+_collectors: list[list[str]] = []  # the open ``collecting_fallbacks`` blocks
 
 
 def register_backend(fmt: str, name: str):
@@ -39,17 +42,24 @@ def get_backend(fmt: str, name: str) -> Callable:
     return fn
 
 
-def backend_fallbacks() -> list[str]:
-    """Why a device runs the torch reference instead of its default backend, once per reason,
-    for this process so far (the evaluation report lists them among its warnings)."""
-    return list(_fallbacks)
+@contextmanager
+def collecting_fallbacks() -> Iterator[list[str]]:
+    """The fallback reasons recorded inside the block, once each: what the model loaded there runs
+    slower than its device's default (the loader keeps them with the model, whose evaluation
+    report lists them; a process-wide list would hand one model's fallbacks to the next)."""
+    seen: list[str] = []
+    _collectors.append(seen)
+    try:
+        yield seen
+    finally:
+        _collectors.remove(seen)
 
 
 def select_backend(device_type: str, override: str | None = None, *, record: bool = True) -> str:
     """The backend to use on a device: the override, ``$QUANTKIT_BACKEND``, else triton on CUDA.
 
-    CUDA without a loadable triton gets the torch reference: a warning, and a reason in
-    ``backend_fallbacks()``, unless ``record`` is False (a question, not a model about to run)."""
+    CUDA without a loadable triton gets the torch reference: a warning, and a reason recorded
+    (``record_fallback``), unless ``record`` is False (a question, not a model about to run)."""
     choice = override or os.environ.get("QUANTKIT_BACKEND")
     if choice:
         if choice not in ("torch", "triton"):
@@ -62,17 +72,15 @@ def select_backend(device_type: str, override: str | None = None, *, record: boo
         return "triton"
     reason = (f"kernel backend: triton could not load ({_triton_error or 'not registered'}); "
               "CUDA runs the slower torch reference instead")
-    if record and reason not in _fallbacks:
-        # a warning, not info: the numbers are right but the speed is not what the user expects
-        _log.warning("%s", reason)
-        _fallbacks.append(reason)
+    if record:
+        record_fallback(reason)
     return "torch"
 
 
 def backend_for_format(fmt: str, name: str, explicit: bool) -> str:
     """``name`` where it has a kernel for ``fmt`` or was asked for by name (``get_backend`` then says
     what is missing); a default choice without one (triton on CUDA for the FP4 formats) gets the
-    torch reference, with a warning and a reason in ``backend_fallbacks()``."""
+    torch reference, with a warning and a reason recorded (``record_fallback``)."""
     _ensure_loaded()
     if explicit or (fmt, name) in BACKENDS:
         return name
@@ -80,11 +88,17 @@ def backend_for_format(fmt: str, name: str, explicit: bool) -> str:
     return "torch"
 
 
-def record_fallback(reason: str) -> None:
-    """A module runs the torch reference instead of the backend asked for: a warning, once per reason."""
-    if reason not in _fallbacks:
+def record_fallback(reason: str) -> str:
+    """A module runs the torch reference instead of the backend asked for: a warning once per
+    reason, the reason in every open ``collecting_fallbacks`` block; returns it."""
+    if reason not in _warned:
+        # a warning, not info: the numbers are right but the speed is not what the user expects
         _log.warning("%s", reason)
-        _fallbacks.append(reason)
+        _warned.add(reason)
+    for seen in _collectors:
+        if reason not in seen:
+            seen.append(reason)
+    return reason
 
 
 _loaded = False

@@ -19,7 +19,7 @@ from quantkit.arch.table import arch_for
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import unfuse_model
 from quantkit.formats.compressed_tensors import parse_quantization_config, scheme_for
-from quantkit.kernels import backend_for_format, select_backend
+from quantkit.kernels import backend_for_format, collecting_fallbacks, select_backend
 from quantkit.kv_cache import KVCacheScheme, register_scales, use_kv_attention
 from quantkit.runtime.modules import QuantLinear
 from quantkit.pipeline.onload import config_dtype as _config_dtype
@@ -52,7 +52,8 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(plain, dtype=dtype, trust_remote_code=trust_remote_code)
     unfuse_model(model, plain)   # MoE experts as the checkpoint's per-expert linears
-    chosen = select_backend(torch.device(device).type, backend)
+    with collecting_fallbacks() as fallbacks:   # the device's: the modules' are added below
+        chosen = select_backend(torch.device(device).type, backend)
     explicit = bool(backend or os.environ.get("QUANTKIT_BACKEND"))
     swapped = 0
     for name, m in list(model.named_modules()):
@@ -83,15 +84,29 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         model.tie_weights()
     # Buffers computed at construction (rotary frequencies) are real already; move all to device.
     model.to(device)
-    for m in model.modules():
-        if isinstance(m, QuantLinear):
-            m.set_backend(backend_for_format(m.format, chosen, explicit))
+    with collecting_fallbacks() as module_fallbacks:
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                m.set_backend(backend_for_format(m.format, chosen, explicit))
+    fallbacks += [r for r in module_fallbacks if r not in fallbacks]
     attention = use_kv_attention(model) if kv_scheme is not None else None
     model.eval()
     model.quantkit_info = {"path": str(path), "backend": chosen, "quantized_modules": swapped,
                            "format": qc.get("format"), "kv_cache": kv_scheme and kv_scheme.strategy,
-                           "attention": attention}
+                           "attention": attention, "fallbacks": fallbacks}
     return model
+
+
+def model_fallbacks(model) -> list[str]:
+    """Why ``model`` (``load``'s) runs slower kernels than its device's default, once per reason:
+    what loading it recorded and what its modules' later ``set_backend`` calls did; [] for a
+    model that is not quantkit's."""
+    info = getattr(model, "quantkit_info", None)
+    out = list(info.get("fallbacks", [])) if isinstance(info, dict) else []
+    for m in model.modules():
+        if isinstance(m, QuantLinear) and m.fallback and m.fallback not in out:
+            out.append(m.fallback)
+    return out
 
 
 def _tied(key: str, config) -> bool:

@@ -27,6 +27,7 @@ class QuantLinear(nn.Module):
         self.format = scheme.format
         w, a = scheme.weights, scheme.input_activations
         self.num_bits = w.num_bits
+        self.fallback: str | None = None    # why this module runs a slower backend than asked for
         self.symmetric = w.symmetric
         self.group_size = w.group_size if w.strategy == "group" else None
         self.weight_strategy = w.strategy
@@ -96,10 +97,12 @@ class QuantLinear(nn.Module):
             self.input_scale = None
 
     def set_backend(self, name: str) -> None:
+        self.fallback = None
         if name == "triton" and reference_only(self):
-            record_fallback(f"kernel backend: no Triton kernel computes {self.format} {self.num_bits}-bit "
-                            f"{self.weight_strategy} weights with {self.input_strategy or 'no'} activation "
-                            "quantization; those modules run the torch reference")
+            self.fallback = record_fallback(
+                f"kernel backend: no Triton kernel computes {self.format} {self.num_bits}-bit "
+                f"{self.weight_strategy} weights with {self.input_strategy or 'no'} activation "
+                "quantization; those modules run the torch reference")
             name = "torch"
         self._kernel = get_backend(self.format, name)
         self.backend = name

@@ -121,12 +121,14 @@ def test_checkpoint_layout(checkpoints, preset):
 @pytest.mark.parametrize("preset", ["MXFP8", "FP8_BLOCK", "W4AFP8", "W3A16"])
 def test_triton_falls_back_to_the_reference_with_a_warning(checkpoints, preset):
     """No Triton kernel computes these schemes: asking for it runs the reference, and says so."""
-    from quantkit.kernels import backend_fallbacks
+    from quantkit.runtime.loader import model_fallbacks
 
-    layer = quantkit.load(checkpoints[preset]).model.layers[0].mlp.down_proj
+    model = quantkit.load(checkpoints[preset])
+    layer = model.model.layers[0].mlp.down_proj
     layer.set_backend("triton")
     assert layer.backend == "torch"
-    assert any(layer.format in r and "torch reference" in r for r in backend_fallbacks())
+    assert layer.format in layer.fallback and "torch reference" in layer.fallback
+    assert model_fallbacks(model) == [layer.fallback]
 
 
 def test_inspect_names_blocks_and_e8m0_scales(checkpoints):
