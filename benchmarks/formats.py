@@ -13,7 +13,10 @@ run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges,
 A label may also be a shipped recipe's name (``nvfp4a16``; an FP4 one with ``-gptq`` after it,
 ``mxfp4a16-gptq``, runs GPTQ with ``nvfp4a16-gptq``'s settings), and ``+rot`` after a label puts the
 ``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first, and
-``+roth`` the value/output rotation alone (the one Gemma3 takes).
+``+roth`` the value/output rotation alone (the one Gemma3 takes). ``llmc:`` before a label
+without rotation runs llm-compressor 0.14 on the same scheme instead (``QuantizationModifier``,
+or ``GPTQModifier`` for a GPTQ label, with the same calibration windows), in its own interpreter
+(``--llmc-python``, default ``.venv-llmc``), and scores its model as ``oneshot`` leaves it.
 
 Usage:
     python benchmarks/formats.py --samples 32 --eval-windows 20
@@ -93,7 +96,70 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     return recipe
 
 
+def llmc_spec(label: str) -> dict:
+    """What llm-compressor runs for ``llmc:<label>``: the same scheme (a preset name, or RUNS'
+    config groups, which are compressed-tensors' own dicts), round to nearest or its GPTQ."""
+    import yaml
+
+    name = label.removeprefix("llmc:")
+    if name == "mxfp8":   # compressed-tensors' own preset: its E8M0 scale spelling is its own
+        return {"scheme": "MXFP8", "gptq": False}
+    if name in RUNS:
+        groups, algorithm = RUNS[name]
+        return {"config_groups": groups, "gptq": algorithm == "gptq"}
+    gptq = name.endswith("-gptq")
+    recipe = yaml.safe_load((RECIPES / f"{name.removesuffix('-gptq')}.yaml").read_text())
+    return {"scheme": recipe["scheme"], "gptq": gptq}
+
+
+def worker_llmc(spec: dict) -> dict:
+    """llm-compressor (its own interpreter: it pins other versions) on the scheme ``llmc_spec``
+    gives; perplexity of its model as it leaves ``oneshot`` (weights quantized and dequantized,
+    activations quantized by compressed-tensors' forward as the scheme says)."""
+    import torch
+    from datasets import Dataset
+    from gptq import perplexity
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import GPTQModifier, QuantizationModifier
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(spec["threads"])
+    model = AutoModelForCausalLM.from_pretrained(spec["model_dir"], dtype=torch.float32)
+    scheme = {"scheme": spec["scheme"]} if "scheme" in spec else {"config_groups": spec["config_groups"]}
+    t0 = time.perf_counter()
+    if spec["gptq"]:
+        calib = spec["calibration"]
+        ds = Dataset.from_dict({"input_ids": calib, "attention_mask": [[1] * len(c) for c in calib]})
+        oneshot(model=model, dataset=ds, recipe=GPTQModifier(**scheme, ignore=["lm_head"], block_size=128,
+                                                             dampening_frac=0.01),
+                max_seq_length=spec["seq_len"], num_calibration_samples=len(calib), shuffle_calibration_samples=False)
+    else:
+        oneshot(model=model, recipe=QuantizationModifier(**scheme, ignore=["lm_head"]))
+    seconds = time.perf_counter() - t0
+    return {"perplexity": perplexity(model, spec["eval"], spec["bos"]), "quantize_seconds": round(seconds, 1)}
+
+
+def run_llmc(python: str, label: str, folder: Path, held: list, calib: list, bos, seq_len: int, threads: int) -> dict:
+    import os
+    import subprocess
+
+    spec = {**llmc_spec(label), "model_dir": str(folder), "eval": held, "calibration": calib, "bos": bos,
+            "seq_len": seq_len, "threads": threads}
+    with tempfile.TemporaryDirectory() as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec_path.write_text(json.dumps(spec))
+        env = dict(os.environ, PYTHONPATH=str(HERE.parent), TOKENIZERS_PARALLELISM="false")
+        proc = subprocess.run([python, str(HERE), "--worker", str(spec_path), str(result_path)],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-2000:]}"}
+        return json.loads(result_path.read_text())
+
+
 def known(label: str) -> bool:
+    if label.startswith("llmc:"):
+        name = label.removeprefix("llmc:")
+        return "+" not in name and (name in RUNS or (RECIPES / f"{name.removesuffix('-gptq')}.yaml").is_file())
     name, _, rotation = label.partition("+")
     if rotation and rotation not in ROTATIONS:
         return False
@@ -127,7 +193,14 @@ def main() -> None:
     ap.add_argument("--only", help="comma-separated run labels: fp32, those of RUNS or a recipe name, each "
                     "optionally followed by +rot (the rotate step first) or +roth (its head rotation alone)")
     ap.add_argument("--json", help="write the figures to this file")
+    ap.add_argument("--llmc-python", default=str(HERE.parent.parent / ".venv-llmc" / "bin" / "python"),
+                    help="the interpreter with llmcompressor, for llmc: labels")
+    ap.add_argument("--worker", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker:
+        spec_path, result_path = a.worker
+        Path(result_path).write_text(json.dumps(worker_llmc(json.loads(Path(spec_path).read_text()))))
+        return
 
     import torch
 
@@ -141,15 +214,21 @@ def main() -> None:
     unknown = [x for x in labels if not known(x)]
     if unknown:
         ap.error(f"--only: unknown run '{unknown[0]}' (known: fp32, {', '.join(RUNS)}, a recipe name; "
-                 "each may end in +rot or +roth)")
+                 "each may end in +rot or +roth, or start with llmc: for llm-compressor's run of it)")
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for label in labels:
-            results[label] = measure(label, folder, held, calib, bos, Path(tmp), a.seq_len)
+            if label.startswith("llmc:"):
+                results[label] = run_llmc(a.llmc_python, label, folder, held, calib, bos, a.seq_len, a.threads)
+            else:
+                results[label] = measure(label, folder, held, calib, bos, Path(tmp), a.seq_len)
             print(label, json.dumps(results[label]), flush=True)
     base = results.get("fp32", {}).get("perplexity")
     print("\n| run | perplexity | vs fp32 |\n| --- | --- | --- |")
     for label, r in results.items():
+        if "error" in r:
+            print(f"| {label} | error: {r['error'][-300:]!r} | |")
+            continue
         vs = f"{(r['perplexity'] / base - 1) * 100:+.2f}%" if base and label != "fp32" else ""
         print(f"| {label} | {r['perplexity']:.3f} | {vs} |")
     if a.json:
