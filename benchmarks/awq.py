@@ -266,6 +266,10 @@ def report(a, runs: dict[str, dict], n_calib: int, eval_tokens: int) -> None:
         for label, r in runs.items():
             if label not in ("fp32", "rtn", "w8a8-rtn") and "perplexity" in r:
                 print(f"{label}: removes {100 * (base - r['perplexity']) / (base - fp):.1f}% of RTN's increase")
+    awq, gptq = runs.get("awq", {}), runs.get("gptq", {})
+    if awq.get("cpu_seconds") and gptq.get("cpu_seconds"):   # the goal: AWQ within 2.5x GPTQ's CPU time
+        print(f"awq / gptq: CPU x{awq['cpu_seconds'] / gptq['cpu_seconds']:.2f}, "
+              f"perplexity {awq['perplexity']:.3f} vs {gptq['perplexity']:.3f}")
     ref = runs.get("llmc-awq")
     if ref and "perplexity" in ref and "awq" in runs and "seconds" in runs["awq"]:
         r = runs["awq"]
