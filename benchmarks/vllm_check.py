@@ -77,7 +77,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from quantkit.serving.processes import session_members, stop_session
+try:
+    from quantkit.serving.processes import session_members, stop_session
+except ImportError:   # a worker under vLLM's or llm-compressor's interpreter, which has no quantkit
+    session_members = stop_session = None
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent

@@ -8,6 +8,7 @@ checkpoints and starts five vLLM engines (~35-60 s each on two cores); 9 minutes
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -35,6 +36,20 @@ def test_skips_cleanly_without_vllm(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("SKIP: vLLM is not installed")
+
+
+def test_worker_starts_under_an_interpreter_without_quantkit(tmp_path):
+    """The workers run under .venv-vllm's Python, where quantkit is not installed: the script
+    must get as far as the worker's own imports (here vLLM's, missing from this interpreter)."""
+    spec, result = tmp_path / "spec.json", tmp_path / "result.json"
+    spec.write_text("{}")
+    code = (f"import runpy, sys; sys.modules['quantkit'] = None; "
+            f"sys.argv = [{str(SCRIPT)!r}, '--worker', 'vllm', {str(spec)!r}, {str(result)!r}]; "
+            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert "quantkit" not in p.stderr, p.stderr[-2000:]
+    error = json.loads(result.read_text())["error"]
+    assert "vllm" in error and "quantkit" not in error
 
 
 def test_heldout_windows_score_each_token_once():
