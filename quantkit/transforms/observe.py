@@ -46,6 +46,10 @@ class ChannelStats:
         return self.abs_sum / max(self.count, 1)
 
     def group_gram(self) -> torch.Tensor:
+        """``[groups, group_size, group_size]``: the diagonal blocks of the whole Gram where that is kept."""
+        if self.gram is None and self.full is not None:
+            n, g = self.full.shape[0] // self.group_size, self.group_size
+            return self.full.view(n, g, n, g).diagonal(dim1=0, dim2=2).permute(2, 0, 1) / max(self.count, 1)
         return self.gram / max(self.count, 1)
 
     def full_gram(self) -> torch.Tensor:
@@ -150,9 +154,10 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
             st = stats.get(name)
             if st is None:
                 st = stats[name] = ChannelStats(torch.zeros(x.shape[-1]), torch.zeros(x.shape[-1]))
-                if name in group_size:
-                    g = group_size[name]
-                    st.gram, st.group_size = torch.zeros(x.shape[-1] // g, g, g), g
+                if name in group_size:   # kept apart unless the whole Gram holds it (its diagonal blocks)
+                    g = st.group_size = group_size[name]
+                    if name not in full_gram:
+                        st.gram = torch.zeros(x.shape[-1] // g, g, g)
                 if name in full_gram:
                     st.full = torch.zeros(x.shape[-1], x.shape[-1])
             if st.full is not None:

@@ -195,6 +195,37 @@ def test_skip_first_leaves_each_rows_first_real_token_out(left_padded):
     assert torch.allclose(replays["fc"].reference[0], layer.fc(batches[0])[valid & ~first])
 
 
+def test_linears_reading_one_input_get_its_statistics_and_the_whole_grams_blocks():
+    """Two linears fed the same tensor (q/k/v, gate/up) share every statistic computed from it; a
+    linear whose whole Gram is kept gets its group blocks from that Gram's diagonal."""
+    from types import SimpleNamespace
+
+    from quantkit.transforms.observe import observe_layer
+
+    torch.manual_seed(0)
+    layer = torch.nn.Module()
+    layer.a, layer.b = torch.nn.Linear(8, 3, bias=False), torch.nn.Linear(8, 5, bias=False)
+    batches = [torch.randn(2, 5, 8) for _ in range(3)]
+
+    def forward_batches(batches_=None):
+        for x in batches:
+            layer.a(x), layer.b(x)
+
+    ctx = SimpleNamespace(layer=layer, forward_batches=forward_batches, batch_index=lambda: None,
+                          tokens=lambda x: x.reshape(-1, x.shape[-1]))
+    stats, _ = observe_layer(ctx, ["a", "b"], [], [], {"a": 4, "b": 4}, full_gram={"b"})
+    x = torch.cat([t.reshape(-1, 8) for t in batches])
+    g = x.view(-1, 2, 4).transpose(0, 1)
+    blocks = g.transpose(1, 2) @ g / x.shape[0]
+    for name in ("a", "b"):
+        assert stats[name].count == x.shape[0]
+        assert torch.allclose(stats[name].abs_mean, x.abs().mean(0))
+        assert torch.equal(stats[name].abs_max, x.abs().amax(0))
+        torch.testing.assert_close(stats[name].group_gram(), blocks, rtol=1e-5, atol=1e-5)
+    assert stats["b"].gram is None   # not accumulated twice
+    torch.testing.assert_close(stats["b"].full_gram(), x.T @ x / x.shape[0], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_refine_clip_lowers_each_rows_whole_output_error(symmetric):
     """With inputs correlated across groups, the sweeps lower every row's error ``d^T H d`` from
