@@ -18,7 +18,9 @@ The loss is computed at the least cost (``transforms.ratio_loss``): where ``P`` 
 linear itself it is ``tr(Δ G Δᵀ)`` over the sample's input Gram ``G`` (no forward per
 candidate); where ``P`` must run, every candidate runs on the first sample batch and only the
 ``finalists`` best of them (and no scaling) on the rest, so the choice is the exhaustive
-search's whenever that candidate is among the first batch's best.
+search's whenever that candidate is among the first batch's best. ``screen_tokens`` makes that
+first part smaller: the first batch's rows up to that many tokens (``Replay.split_first``), its
+other rows a part of their own.
 
 Then, per target linear and per group (row ``o``, group ``g``), a clip ratio ``c``
 shrinks the group's range to ``c * max|w|`` before quantization, chosen from
@@ -196,6 +198,7 @@ class AWQ(Transform):
     clip_sweeps: int = 0            # then sweeps over groups scoring each row's whole output error
     search_tokens: int = 8192       # calibration tokens (first batches) whose output error picks r
     finalists: int = 4              # ratios the first of those batches passes on to the rest (> grid: all)
+    screen_tokens: int | None = None  # screen on the first batch's rows up to this many tokens (None: all of it)
     skip_first: int = 0             # first tokens of each row left out of statistics, Grams and losses
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
@@ -212,6 +215,8 @@ class AWQ(Transform):
             raise QuantkitError(f"search_tokens: must be >= 1, got {self.search_tokens}")
         if self.finalists < 1:
             raise QuantkitError(f"finalists: must be >= 1, got {self.finalists}")
+        if self.screen_tokens is not None and self.screen_tokens < 1:
+            raise QuantkitError(f"screen_tokens: must be >= 1, got {self.screen_tokens}")
 
     # -- search ------------------------------------------------------------------------------
     def search(self, ctx: LayerContext) -> TransformResult:
@@ -234,6 +239,8 @@ class AWQ(Transform):
             parent = ctx.layer.get_submodule(m.parent)
             if m.balance == (m.parent,) and isinstance(parent, nn.Linear):   # its error in Gram form
                 replay = LinearReplay.from_calls(parent, replay.calls)
+            elif self.screen_tokens is not None:
+                replay = replay.split_first(self.screen_tokens)
             s, info = self._search_mapping(ctx, m, stats[m.balance[0]], replay, clip_of)
             tensors[f"scales.{m.smooth}"] = s
             summary[m.smooth] = info

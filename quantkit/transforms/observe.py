@@ -87,6 +87,51 @@ class Replay:
         errors = [self.squared_error(k) for k in range(self.parts)]
         return sum(e for e, _ in errors) / max(sum(n for _, n in errors), 1)
 
+    def split_first(self, tokens: int) -> Replay:
+        """This replay with its first call cut after the row that reaches ``tokens`` kept tokens:
+        a smaller first part for a search to screen its candidates on, the rest of the rows as
+        the second. Every tensor argument whose first dimension is the call's rows is cut there;
+        the first piece is run once with the weights as they are (the float ones) and must
+        reproduce its rows of the reference, or the replay is returned as it is."""
+        if not self.calls:
+            return self
+        args, kwargs, keep = self.calls[0]
+        x = args[0] if args else kwargs.get("hidden_states")
+        if x is None or x.dim() != 3 or x.shape[0] < 2:
+            return self
+        rows, row_len = x.shape[0], x.shape[1]
+        row_of = keep // row_len
+        cut = int(row_of[min(tokens, keep.numel()) - 1]) + 1 if keep.numel() else rows
+        if cut >= rows:
+            return self
+        first, rest = keep < cut * row_len, keep >= cut * row_len
+        pieces = [(_rows(args, slice(0, cut), rows), _rows(kwargs, slice(0, cut), rows), keep[first]),
+                  (_rows(args, slice(cut, rows), rows), _rows(kwargs, slice(cut, rows), rows),
+                   keep[rest] - cut * row_len)]
+        refs = [self.reference[0][first], self.reference[0][rest]]
+        try:
+            with torch.no_grad():
+                y = self.module(*pieces[0][0], **pieces[0][1])
+            y = y[0] if isinstance(y, (tuple, list)) else y
+            y = y.reshape(-1, y.shape[-1])[pieces[0][2]].float()
+        except (RuntimeError, ValueError, IndexError):   # an argument the cut did not fit
+            return self
+        if y.shape != refs[0].shape or not torch.allclose(y, refs[0], rtol=1e-4, atol=1e-5 * float(refs[0].abs().max())):
+            return self
+        return Replay(self.module, [*pieces, *self.calls[1:]], [*refs, *self.reference[1:]])
+
+
+def _rows(value, rows: slice, batch: int):
+    """``value`` with every tensor whose first dimension is ``batch`` cut to ``rows`` (in tuples,
+    lists and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return value[rows] if value.dim() > 0 and value.shape[0] == batch else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, rows, batch) for v in value)
+    if isinstance(value, dict):
+        return {k: _rows(v, rows, batch) for k, v in value.items()}
+    return value
+
 
 def search_batches(ctx: LayerContext, tokens: int) -> list[int]:
     """The first batches holding at least ``tokens`` calibration tokens (batches are similar in size)."""

@@ -253,3 +253,47 @@ def test_refine_clip_lowers_each_rows_whole_output_error(symmetric):
             moved = refined.clone()
             moved[:, grp] = c
             assert torch.all(row_errors(moved) >= after * (1 - 1e-5))
+
+
+def test_replay_split_first_scores_as_the_whole_call():
+    """A captured attention call cut after its first rows gives, part by part, the same summed
+    error as the whole call, for weights other than the float ones; a call whose arguments do
+    not cut by rows stays whole."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from quantkit.transforms.observe import Replay
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    attn = model.model.layers[0].self_attn
+    calls = []
+    handle = attn.register_forward_pre_hook(lambda m, a, kw: calls.append((a, dict(kw))), with_kwargs=True)
+    ids = torch.randint(0, 64, (4, 6))
+    mask = torch.ones(4, 6, dtype=torch.long)
+    mask[3, :2] = 0                                     # a left-padded row: the mask must be cut too
+    with torch.no_grad():
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+    handle.remove()
+    args, kwargs = calls[0]
+    keep = torch.nonzero(mask.flatten()).flatten()
+    with torch.no_grad():
+        ref = attn(*args, **kwargs)[0].reshape(-1, 32)[keep]
+    whole = Replay(attn, [(args, kwargs, keep)], [ref])
+    split = whole.split_first(tokens=7)                  # 7 kept tokens: the first two rows
+    assert split.parts == 2 and split.num_tokens == whole.num_tokens
+    assert split.calls[0][2].numel() == 12               # whole rows: 2 x 6
+    attn.q_proj.weight.data += 0.05 * torch.randn_like(attn.q_proj.weight)
+    e_whole, n_whole = whole.squared_error(0)
+    parts = [split.squared_error(k) for k in range(split.parts)]
+    assert sum(n for _, n in parts) == n_whole
+    assert abs(sum(e for e, _ in parts) - e_whole) <= 1e-4 * e_whole
+
+    class Fixed(torch.nn.Module):                        # an argument of its own batch size: not cut
+        def forward(self, x, table):
+            return x + table.sum(0)
+
+    x = torch.randn(4, 3, 5)
+    table = torch.randn(4, 3, 5)
+    odd = Replay(Fixed(), [((x,), {"table": table}, torch.arange(12))], [(x + table.sum(0)).reshape(-1, 5)])
+    assert odd.split_first(tokens=3).parts == 1
