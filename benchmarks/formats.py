@@ -128,13 +128,16 @@ def worker_llmc(spec: dict) -> dict:
     scheme = {"scheme": spec["scheme"]} if "scheme" in spec else {"config_groups": spec["config_groups"]}
     t0 = time.perf_counter()
     if spec["gptq"]:
+        modifier = GPTQModifier(**scheme, ignore=["lm_head"], block_size=128, dampening_frac=0.01)
+    else:
+        modifier = QuantizationModifier(**scheme, ignore=["lm_head"])
+    if spec["calibrate"]:   # GPTQ, and static scales (NVFP4's global input scale)
         calib = spec["calibration"]
         ds = Dataset.from_dict({"input_ids": calib, "attention_mask": [[1] * len(c) for c in calib]})
-        oneshot(model=model, dataset=ds, recipe=GPTQModifier(**scheme, ignore=["lm_head"], block_size=128,
-                                                             dampening_frac=0.01),
-                max_seq_length=spec["seq_len"], num_calibration_samples=len(calib), shuffle_calibration_samples=False)
+        oneshot(model=model, dataset=ds, recipe=modifier, max_seq_length=spec["seq_len"],
+                num_calibration_samples=len(calib), shuffle_calibration_samples=False)
     else:
-        oneshot(model=model, recipe=QuantizationModifier(**scheme, ignore=["lm_head"]))
+        oneshot(model=model, recipe=modifier)
     seconds = time.perf_counter() - t0
     return {"perplexity": perplexity(model, spec["eval"], spec["bos"]), "quantize_seconds": round(seconds, 1)}
 
@@ -143,7 +146,10 @@ def run_llmc(python: str, label: str, folder: Path, held: list, calib: list, bos
     import os
     import subprocess
 
-    spec = {**llmc_spec(label), "model_dir": str(folder), "eval": held, "calibration": calib, "bos": bos,
+    import quantkit
+
+    ours = quantkit.load_recipe(recipe_of(label.removeprefix("llmc:"), len(calib), seq_len))
+    spec = {**llmc_spec(label), "calibrate": ours.needs_calibration, "model_dir": str(folder), "eval": held, "calibration": calib, "bos": bos,
             "seq_len": seq_len, "threads": threads}
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
