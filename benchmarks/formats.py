@@ -64,7 +64,8 @@ RUNS = {
 
 
 RECIPES = HERE.parent.parent / "recipes"
-#: shipped FP4 recipes that take ``-gptq`` after their name (GPTQ with ``nvfp4a16-gptq``'s settings)
+#: shipped FP4 recipes that take ``-gptq`` after their name (GPTQ with ``nvfp4a16-gptq``'s settings),
+#: or ``-gptq-actorder`` (the same with act-order "weight")
 FP4_RECIPES = ("nvfp4", "nvfp4a16", "mxfp4", "mxfp4a16")
 
 #: label suffix -> the rotate step it puts first; Gemma3 and MoE models take only the head rotation
@@ -83,9 +84,12 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
         recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
     elif (RECIPES / f"{name}.yaml").is_file():
         recipe = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
-    else:   # an FP4 recipe by GPTQ, with nvfp4a16-gptq's settings
-        recipe = yaml.safe_load((RECIPES / f"{name.removesuffix('-gptq')}.yaml").read_text())
+    else:   # an FP4 recipe by GPTQ, with nvfp4a16-gptq's settings (and act-order "weight")
+        base = name.removesuffix("-actorder").removesuffix("-gptq")
+        recipe = yaml.safe_load((RECIPES / f"{base}.yaml").read_text())
         recipe["algorithm"] = yaml.safe_load((RECIPES / "nvfp4a16-gptq.yaml").read_text())["algorithm"]
+        if name.endswith("-actorder"):
+            recipe["config_groups"] = {"group_0": _actorder_group(recipe.pop("scheme"))}
     recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
     if rotation:
         algorithm = recipe.pop("algorithm", None)
@@ -162,6 +166,17 @@ def run_llmc(python: str, label: str, folder: Path, held: list, calib: list, bos
         return json.loads(result_path.read_text())
 
 
+def _actorder_group(preset: str) -> dict:
+    """A preset's config group with act-order "weight" on its weights."""
+    from quantkit.config.scheme import PRESETS
+
+    d = PRESETS[preset].to_dict()
+    def args(a: dict | None, drop: tuple = ()) -> dict | None:
+        return None if a is None else {k: v for k, v in a.items() if k not in ("observer_kwargs", *drop)}
+    return {"targets": d["targets"], "weights": {**args(d["weights"]), "actorder": "weight"},
+            "input_activations": args(d["input_activations"], ("observer",))}   # the recipe's own choice
+
+
 def known(label: str) -> bool:
     if label.startswith("llmc:"):
         name = label.removeprefix("llmc:")
@@ -169,7 +184,8 @@ def known(label: str) -> bool:
     name, _, rotation = label.partition("+")
     if rotation and rotation not in ROTATIONS:
         return False
-    fp4_by_gptq = name.endswith("-gptq") and name.removesuffix("-gptq") in FP4_RECIPES
+    fp4_by_gptq = name.removesuffix("-actorder").endswith("-gptq") and \
+        name.removesuffix("-actorder").removesuffix("-gptq") in FP4_RECIPES
     return label == "fp32" or name in RUNS or (RECIPES / f"{name}.yaml").is_file() or fp4_by_gptq
 
 

@@ -88,9 +88,9 @@ def _check_targets(ctx: LayerContext) -> None:
     for name, (module, scheme) in ctx.targets.items():
         if scheme.weights is None:
             raise QuantkitError(f"{ctx.name}.{name}: GPTQ needs a weight scheme")
-        if fp4_kind(scheme.weights) is not None and scheme.weights.actorder is not None:
-            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: FP4 GPTQ visits columns in their own "
-                                "order (the FP4 formats store no g_idx)")
+        if fp4_kind(scheme.weights) is not None and scheme.weights.actorder not in (None, "weight"):
+            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: FP4 GPTQ takes 'weight' or none "
+                                "('group' needs a g_idx, which the FP4 formats do not store)")
         if scheme.weights.type != "int" and fp4_kind(scheme.weights) is None:
             raise QuantkitError(f"{ctx.name}.{name}: weights.type: GPTQ quantizes integer weights, got {scheme.weights.type!r}")
         if scheme.weights.strategy == "block":   # its column loop keeps one scale per row or group

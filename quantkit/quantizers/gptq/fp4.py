@@ -6,7 +6,9 @@ a group's scale is then fixed when the solve reaches the group's first column, f
 as updated so far (or from the original weight with ``static_groups``), and never changes
 after. Every group lies inside one lazy-update block (``block_size`` a multiple of the group
 size), so its columns hold every update when the group is fixed. Columns are visited in their
-own order (the formats store no ``g_idx``).
+own order, or with ``actorder="weight"`` in order of decreasing ``diag(H)`` with every group's
+scale fixed from the original weight before the solve (a column's group stays the one it has in
+the weight, so the formats, which store no ``g_idx``, hold the result as they are).
 
 Example:
     >>> W, X = torch.randn(32, 64), torch.randn(256, 64)
@@ -27,30 +29,44 @@ from quantkit.quantizers.gptq.solve import (GPTQResult, SolveSettings, _output_e
                                             inverse_hessian_factor)
 
 
-def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: SolveSettings) -> GPTQResult:
+def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: SolveSettings,
+              actorder: str | None = None) -> GPTQResult:
     """GPTQ-quantize ``W_in`` ``[rows, cols]`` to ``kind`` against the Hessian ``H_in``.
 
     The result's ``q`` holds E2M1 codes (uint8), ``scale`` the format's group scales and
     ``global_scale`` NVFP4's; ``row_rtn_loss`` is round-to-nearest's under the same global scale.
+    ``actorder``: None (columns in their order) or ``"weight"`` (see the module docstring).
     """
     G = GROUP_SIZE[kind]
     _check(W_in, H_in, G, settings)
+    if actorder not in (None, "weight"):
+        raise QuantkitError(f"weights.actorder: FP4 GPTQ takes 'weight' or none, got {actorder!r} "
+                            "('group' needs a g_idx, which the FP4 formats do not store)")
     out_dtype = W_in.dtype
     gs = nvfp4_global_scale(W_in.abs().amax()) if kind == "nvfp4" else None
     H_obj = H_in.to(GPTQ_PRECISION)
     W, H, n_dead = _without_dead_columns(W_in.to(GPTQ_PRECISION).clone(), H_obj.clone())
+    static = fp4_scales(W_in, kind, gs)[0] if settings.static_groups or actorder else None
+    perm = None
+    if actorder:
+        perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
+        W, H = W[:, perm], H[perm][:, perm]
     inv = inverse_hessian_factor(H, settings.dampening_frac, settings.max_damping_retries)
     del H
-    static = fp4_scales(W_in, kind, gs)[0] if settings.static_groups else None
     Wt = W.T.contiguous()
     codes_t = torch.empty(Wt.shape, dtype=torch.uint8, device=Wt.device)
     Q_t = torch.empty(Wt.shape, dtype=GPTQ_PRECISION, device=Wt.device)
     scales = []
+    # with act-order, each visited column's step: its own group's, from the scales fixed above
+    steps = None if perm is None else effective_scale(static, gs, kind).to(GPTQ_PRECISION)[:, perm // G]
     for i1 in range(0, Wt.shape[0], settings.block_size):
         i2 = min(i1 + settings.block_size, Wt.shape[0])
-        Err1 = _fp4_block(Wt, inv.U, (i1, i2), (kind, gs, static, out_dtype), (codes_t, Q_t, scales))
+        Err1 = _fp4_block(Wt, inv.U, (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales))
         Wt[i2:].addmm_(inv.U[i1:i2, i2:].T, Err1, alpha=-1.0)
-    scale = torch.stack(scales, dim=1)
+    if perm is not None:   # back to the weight's column order
+        order = torch.argsort(perm)
+        codes_t, Q_t = codes_t[order], Q_t[order]
+    scale = static if perm is not None else torch.stack(scales, dim=1)
     Q = Q_t.T.contiguous()
     if not bool(torch.isfinite(Q).all()):
         raise QuantkitError("weight: GPTQ produced NaN or Inf (check the calibration inputs)")
@@ -63,7 +79,7 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: S
 def _fp4_block(Wt: torch.Tensor, U: torch.Tensor, span: tuple[int, int], grid: tuple, out: tuple) -> torch.Tensor:
     """Columns ``span`` of ``Wt`` (``[cols, rows]``) rounded one by one, each error moving the
     block's later columns; returns the block's scaled errors for the columns after it."""
-    (i1, i2), (kind, gs, static, out_dtype), (codes_t, Q_t, scales) = span, grid, out
+    (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales) = span, grid, out
     G = GROUP_SIZE[kind]
     W1 = Wt[i1:i2].clone()
     Err1 = torch.zeros_like(W1)
@@ -71,7 +87,9 @@ def _fp4_block(Wt: torch.Tensor, U: torch.Tensor, span: tuple[int, int], grid: t
     step = None
     for i in range(i2 - i1):
         p = i1 + i
-        if p % G == 0:   # the group's first column: its scale is fixed now, from its columns as they are
+        if steps is not None:   # act-order: the column's group's step, fixed before the solve
+            step = steps[:, p]
+        elif p % G == 0:   # the group's first column: its scale is fixed now, from its columns as they are
             if static is not None:
                 s = static[:, p // G]
             else:

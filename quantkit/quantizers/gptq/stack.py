@@ -50,7 +50,7 @@ def solve_stack(ctx: LayerContext, settings: SolveSettings, names: list[str], H:
     W = torch.cat([m.weight.data for m in modules], dim=0)
     try:
         if fp4_kind(args) is not None:
-            res = solve_fp4(W, H.to(device), fp4_kind(args), settings)
+            res = solve_fp4(W, H.to(device), fp4_kind(args), settings, args.actorder)
         else:
             res = solve(W, H.to(device), args, settings)
     except QuantkitError as e:
