@@ -3,6 +3,8 @@ by the command with exit code 2 and one line naming the file and the key, nothin
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from typer.testing import CliRunner
 
@@ -23,6 +25,11 @@ def test_shipped_fp4_recipes(name):
     assert list(recipe.to_dict()["steps"][-1]) == [algorithm]
     acts = scheme.input_activations
     assert (acts is not None and acts.calibrated) == calibrated
+    # GPTQ visits columns by decreasing diag(H); every column keeps its group (no g_idx)
+    assert scheme.weights.actorder == ("weight" if algorithm == "gptq" else None)
+    if algorithm == "gptq":   # otherwise the RTN recipe's weights
+        rtn = quantkit.load_recipe(name.removesuffix("-gptq")).groups["group_0"]
+        assert dataclasses.replace(scheme.weights, actorder=None) == rtn.weights and scheme.format == rtn.format
 
 
 BAD = {
