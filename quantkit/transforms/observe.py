@@ -55,6 +55,33 @@ class ChannelStats:
     def full_gram(self) -> torch.Tensor:
         return self.full / max(self.count, 1)
 
+    @classmethod
+    def empty(cls, features: int, group_size: int | None, full: bool) -> ChannelStats:
+        """Nothing seen yet; group Grams kept apart unless the whole Gram holds them (its diagonal blocks)."""
+        st = cls(torch.zeros(features), torch.zeros(features), group_size=group_size or 0)
+        if full:
+            st.full = torch.zeros(features, features)
+        elif group_size:
+            st.gram = torch.zeros(features // group_size, group_size, group_size)
+        return st
+
+    def add(self, x: torch.Tensor, memo) -> None:
+        """Fold observed inputs ``x`` ``[tokens, features]`` in; ``memo(key, compute)`` gives what was
+        computed from the same input for another linear (q/k/v and gate/up read one tensor)."""
+        if self.full is not None:
+            self.full += memo("full", lambda: gram(x))
+        ax = memo("abs", x.abs)
+        self.abs_sum += memo("abs_sum", lambda: ax.sum(0))
+        self.abs_max = torch.maximum(self.abs_max, memo("abs_max", lambda: ax.amax(0)))
+        self.count += x.shape[0]
+        if self.gram is not None:
+            g = self.group_size
+
+            def groups() -> torch.Tensor:
+                xg = x.view(x.shape[0], -1, g).transpose(0, 1)   # [groups, n, g]
+                return xg.transpose(1, 2) @ xg
+            self.gram += memo(f"groups{g}", groups)
+
 
 @dataclass
 class Replay:
@@ -195,27 +222,12 @@ def observe_layer(ctx: LayerContext, linears: list[str], parents: list[str], bat
 
     def stat_hook(name: str):
         def hook(module: nn.Module, inputs: tuple) -> None:
-            x = from_input(inputs, "x", lambda: observed(inputs))
-            st = stats.get(name)
-            if st is None:
-                st = stats[name] = ChannelStats(torch.zeros(x.shape[-1]), torch.zeros(x.shape[-1]))
-                if name in group_size:   # kept apart unless the whole Gram holds it (its diagonal blocks)
-                    g = st.group_size = group_size[name]
-                    if name not in full_gram:
-                        st.gram = torch.zeros(x.shape[-1] // g, g, g)
-                if name in full_gram:
-                    st.full = torch.zeros(x.shape[-1], x.shape[-1])
-            if st.full is not None:
-                st.full += from_input(inputs, "full", lambda: gram(x))
-            ax = from_input(inputs, "abs", x.abs)
-            st.abs_sum += from_input(inputs, "abs_sum", lambda: ax.sum(0))
-            st.abs_max = torch.maximum(st.abs_max, from_input(inputs, "abs_max", lambda: ax.amax(0)))
-            st.count += x.shape[0]
-            if st.gram is not None:
-                def groups(g: int = st.group_size) -> torch.Tensor:
-                    xg = x.view(x.shape[0], -1, g).transpose(0, 1)   # [groups, n, g]
-                    return xg.transpose(1, 2) @ xg
-                st.gram += from_input(inputs, f"groups{st.group_size}", groups)
+            def memo(key: str, compute):
+                return from_input(inputs, key, compute)
+            x = memo("x", lambda: observed(inputs))
+            if name not in stats:
+                stats[name] = ChannelStats.empty(x.shape[-1], group_size.get(name), name in full_gram)
+            stats[name].add(x, memo)
         return hook
 
     def parent_pre(name: str):
