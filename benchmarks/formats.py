@@ -10,8 +10,10 @@ SmolLM2's widths (576) are not multiples of 128, so the 128-wide presets run her
 FP8 blocks of 64 x 64 with activation groups of 64, and int4 / int3 groups of 64. Every GPTQ
 run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges, true-sequential).
 
-A label may also be a shipped recipe's name (``nvfp4a16``; an FP4 one with ``-gptq`` after it,
-``mxfp4a16-gptq``, runs GPTQ with ``nvfp4a16-gptq``'s settings), and ``+rot`` after a label puts the
+A label may also be a shipped recipe's name (``nvfp4a16``). An FP4 RTN recipe's name with ``-gptq``
+after it (``mxfp4a16-gptq``, ``nvfp4a16-gptq``) runs GPTQ with ``nvfp4a16-gptq``'s block and damping
+in column order, with ``-gptq-actorder`` after it with act-order "weight" (what the shipped
+``nvfp4a16-gptq`` recipe does); and ``+rot`` after a label puts the
 ``rotate`` step (transforms/rotate.py: residual and value/output Hadamard rotations) first, and
 ``+roth`` the value/output rotation alone (the one Gemma3 takes). ``llmc:`` before a label
 without rotation runs llm-compressor 0.14 on the same scheme instead (``QuantizationModifier``,
@@ -79,17 +81,17 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     import yaml
 
     name, _, rotation = label.partition("+")
+    base = name.removesuffix("-actorder").removesuffix("-gptq")
     if name in RUNS:
         groups, algorithm = RUNS[name]
         recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
-    elif (RECIPES / f"{name}.yaml").is_file():
-        recipe = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
-    else:   # an FP4 recipe by GPTQ, with nvfp4a16-gptq's settings (and act-order "weight")
-        base = name.removesuffix("-actorder").removesuffix("-gptq")
+    elif base in FP4_RECIPES and base != name:   # FP4 by GPTQ, in column order or with act-order "weight"
         recipe = yaml.safe_load((RECIPES / f"{base}.yaml").read_text())
         recipe["algorithm"] = yaml.safe_load((RECIPES / "nvfp4a16-gptq.yaml").read_text())["algorithm"]
         if name.endswith("-actorder"):
             recipe["config_groups"] = {"group_0": _actorder_group(recipe.pop("scheme"))}
+    else:
+        recipe = yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
     recipe["calibration"] = {"num_samples": samples, "max_seq_len": seq_len}
     if rotation:
         algorithm = recipe.pop("algorithm", None)
