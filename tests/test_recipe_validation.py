@@ -252,3 +252,14 @@ def test_cli_checks_the_eval_section_before_converting(tiny_llama, tmp_path):
     out = tmp_path / "out"
     _assert_one_line(_convert(tiny_llama, recipe, out), f"{recipe}: eval.max_len: must be >= 16, got 8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+@pytest.mark.parametrize("options,expected", [
+    ({"screen_tokens": 0}, "steps[0].awq.screen_tokens: must be >= 1, got 0"),
+    ({"search_clip_grid": 0}, "steps[0].awq.search_clip_grid: must be >= 1, got 0"),
+    ({"clip_grid": -2}, "steps[0].awq.clip_grid: must be >= 1, got -2"),
+])
+def test_awq_search_options_refused(options, expected):
+    with pytest.raises(QuantkitError) as e:
+        Recipe.from_dict({"scheme": "W4A16", "steps": [{"awq": options}, "rtn"]}, where="x.yaml")
+    assert str(e.value) == f"x.yaml: {expected}"

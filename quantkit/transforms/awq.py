@@ -203,8 +203,10 @@ class AWQ(Transform):
     load_from: str | None = None    # an earlier output folder: apply its saved result, no search
 
     def __post_init__(self) -> None:
-        if self.grid < 1 or self.clip_grid < 1 or (self.search_clip_grid is not None and self.search_clip_grid < 1):
-            raise QuantkitError("grid: must be >= 1")
+        for key in ("grid", "clip_grid", "search_clip_grid"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise QuantkitError(f"{key}: must be >= 1, got {value}")
         if not 0.0 <= self.max_shrink < 1.0:
             raise QuantkitError(f"max_shrink: must be in [0, 1), got {self.max_shrink}")
         if self.clip_sweeps < 0:
