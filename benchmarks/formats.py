@@ -19,6 +19,11 @@ in column order, with ``-gptq-actorder`` after it with act-order "weight" (what 
 without rotation runs llm-compressor 0.14 on the same scheme instead (``QuantizationModifier``,
 or ``GPTQModifier`` for a GPTQ label, with the same calibration windows), in its own interpreter
 (``--llmc-python``, default ``.venv-llmc``), and scores its model as ``oneshot`` leaves it.
+llm-compressor pins other versions than quantkit, so it lives in its own venv::
+
+    python3 -m venv .venv-llmc
+    .venv-llmc/bin/pip install "llmcompressor==0.14.0.1" "torch==2.13.0" -c constraints-cpu.txt
+    .venv-llmc/bin/pip uninstall -y torchvision torchaudio torchcodec   # PyPI builds break transformers
 
 Usage:
     python benchmarks/formats.py --samples 32 --eval-windows 20
