@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from quantkit.errors import QuantkitError
 
-from quantkit.evaluation.bootstrap import prompt_interval, row_intervals
+from quantkit.evaluation.bootstrap import prompt_intervals, row_intervals
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
 from quantkit.evaluation.backends.in_process import InProcessBackend
 from quantkit.evaluation.backends.served import ServedModels, ServedPass
@@ -24,7 +24,6 @@ from quantkit.evaluation.generation import prefix_agreement
 from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
 from quantkit.evaluation.measures import measure_values
-from quantkit.evaluation.measures.generation import prompt_agreements
 from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
@@ -204,6 +203,7 @@ def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar) -> _
     bar.update(1)
     _score_tasks(sl, backend, run, scored, out)
     out.values.update(measure_values(scored))
+    out.values.update(prompt_intervals(scored))
     return out
 
 
@@ -234,7 +234,6 @@ def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: Sco
         prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
                                       min(limit, opt.business_prompt_tokens))
         scored.generations = backend.continuations(prompts[:opt.gen_prompts], opt.gen_tokens, opt.gen_batch)
-        out.values.update(prompt_interval("gen_agreement", prompt_agreements(scored)))
         out.examples += _worst_generation(sl, scored.generations, tokenizer, run.show)
     return texts
 

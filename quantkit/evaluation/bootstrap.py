@@ -1,5 +1,6 @@
 """Bootstrap intervals over a slice's rows: how far a measure could move with other rows of the
-same traffic. Rows, not tokens, are resampled: a row's tokens share its context and its
+same traffic, or (for a measure over a few prompts: greedy agreement, extraction) with other
+prompts. Rows, not tokens, are resampled: a row's tokens share its context and its
 errors, so resampling tokens would give an interval far too narrow.
 
 Each measure is a ratio of sums over rows (KL and top-1 per scored token; the perplexity change
@@ -50,6 +51,16 @@ def row_intervals(items) -> dict[str, list[float]]:
         ci = ratio_interval([m.row_value(s) for s in items], tokens)
         if ci is not None:
             out[f"{m.name}_ci"] = [m.from_ratio(x) for x in ci] if m.from_ratio else list(ci)
+    return out
+
+
+def prompt_intervals(scored) -> dict[str, list[float]]:
+    """``<measure>_ci`` over prompts for each registered measure with a ``per_prompt`` that applies
+    to the scored slice (``backends.base.ScoredSlice``): gen_agreement, extract_f1_drop."""
+    out = {}
+    for m in MEASURES.values():
+        if m.per_prompt is not None and m.applies(scored):
+            out.update(prompt_interval(m.name, m.per_prompt(scored)))
     return out
 
 

@@ -129,6 +129,7 @@ class Reason:
     value: float
     limit: float
     level: str
+    interval: tuple[float, float] | None = None    # over prompts, for a measure gated on its interval
 
     def text(self) -> str:
         if self.measure == EVIDENCE:
@@ -136,7 +137,10 @@ class Reason:
                     "its measures alone cannot make the verdict GO or NO-GO")
         op = "<" if DEFAULT_LIMITS[self.measure].higher_is_better else ">"
         meaning = MEASURES[self.measure].meaning if self.measure in MEASURES else ""
-        return f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}" + (f": {meaning}" if meaning else "")
+        over = "" if self.interval is None else (f" (95% interval over prompts {self.interval[0]:.4g}-"
+                                                 f"{self.interval[1]:.4g}, all of it {op} {self.limit:.4g})")
+        return (f"{self.slice}: {self.measure} {self.value:.4g} {op} {self.limit:.4g}{over}"
+                + (f": {meaning}" if meaning else ""))
 
 
 @dataclass
@@ -161,16 +165,17 @@ class Verdict:
 
 def _reason_dict(r: Reason) -> dict:
     return {"slice": r.slice, "measure": r.measure, "value": r.value, "limit": r.limit,
-            "level": r.level, "text": r.text()}
+            "level": r.level, "text": r.text(), **({"interval": list(r.interval)} if r.interval else {})}
 
 
 def within_noise(measures: dict[str, dict], thresholds: Thresholds | None = None) -> list[dict]:
     """The measures whose interval (``<measure>_ci``, bootstrap.py) holds one of their limits: with
-    other rows of the same traffic the slice's level could differ. Information for the reader; the
-    decision stays the measured value's.
+    other rows of the same traffic, or other prompts, the slice's level could differ. Information
+    for the reader: over rows the decision stays the measured value's; a measure over a few prompts
+    (``over: prompts``) is gated on its interval, so such a limit did not count (``decide``).
 
     >>> within_noise({"business:faq": {"kl_mean": 0.055, "kl_mean_ci": [0.04, 0.07]}})
-    [{'slice': 'business:faq', 'measure': 'kl_mean', 'value': 0.055, 'interval': [0.04, 0.07], 'limit': 0.06, 'limit_level': 'REVIEW'}]
+    [{'slice': 'business:faq', 'measure': 'kl_mean', 'value': 0.055, 'interval': [0.04, 0.07], 'limit': 0.06, 'limit_level': 'REVIEW', 'over': 'rows'}]
     """
     thresholds = thresholds or Thresholds()
     out = []
@@ -182,7 +187,8 @@ def within_noise(measures: dict[str, dict], thresholds: Thresholds | None = None
             for level, limit in ((REVIEW, lim.review), (NOGO, lim.nogo)):
                 if limit is not None and ci[0] <= limit <= ci[1]:
                     out.append({"slice": sname, "measure": m, "value": v, "interval": list(ci), "limit": limit,
-                                "limit_level": level})
+                                "limit_level": level,
+                                "over": "prompts" if _prompt_interval(m, values) else "rows"})
     return out
 
 
@@ -194,8 +200,17 @@ def noise_text(n: dict) -> str:
     'business:faq: kl_mean 0.055 (95% interval over rows 0.04-0.07) holds its REVIEW limit 0.06: within noise'
     """
     lo, hi = n["interval"]
-    return (f"{n['slice']}: {n['measure']} {n['value']:.4g} (95% interval over rows {lo:.4g}-{hi:.4g}) "
-            f"holds its {n['limit_level']} limit {n['limit']:.4g}: within noise")
+    over = n.get("over", "rows")
+    return (f"{n['slice']}: {n['measure']} {n['value']:.4g} (95% interval over {over} {lo:.4g}-{hi:.4g}) "
+            f"holds its {n['limit_level']} limit {n['limit']:.4g}: within noise"
+            + (", not counted" if over == "prompts" else ""))
+
+
+def _prompt_interval(measure: str, values: dict) -> tuple[float, float] | None:
+    """The interval over prompts a measure over a few prompts is gated on (None: gated on its value)."""
+    m = MEASURES.get(measure)
+    ci = values.get(f"{measure}_ci")
+    return (float(ci[0]), float(ci[1])) if m is not None and m.per_prompt is not None and ci else None
 
 
 def insufficient(measures: dict[str, dict], slices: list[str], minimum: int) -> dict[str, tuple[int, int]]:
@@ -239,9 +254,10 @@ def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
             v = values.get(m)
             if v is None:
                 continue
-            lv = lim.level(v)
+            interval = _prompt_interval(m, values)
+            lv = lim.level(v) if interval is None else lim.level(interval[1 if lim.higher_is_better else 0])
             if lv != GO:
-                reasons.append(Reason(sname, m, v, lim.nogo if lv == NOGO else lim.review, lv))
+                reasons.append(Reason(sname, m, v, lim.nogo if lv == NOGO else lim.review, lv, interval))
                 level = max(level, lv, key=RANK.get)
         per_slice[sname] = level
     evidence = {}

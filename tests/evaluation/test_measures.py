@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from quantkit.evaluation.bootstrap import prompt_intervals
 from quantkit.evaluation.backends.base import Continuation, PairedRuns, ScoredSlice
 from quantkit.evaluation.forced import ForcedResult, ItemStats
 from quantkit.evaluation.measures import MEASURES, Measure, measure_values, register, table_columns
@@ -32,6 +33,21 @@ def test_measures_of_a_hand_built_slice():
     assert v["mc_accuracy_drop"] == pytest.approx(0.5) and v["extract_f1_drop"] == pytest.approx(0.25)
     # what the slice lacks is not measured: no code, no position buckets, nothing external
     assert not {"code_pass_drop", "kl_last_bucket", "kl_worst_bucket", "lm_eval_acc_drop"} & set(v)
+
+
+def test_measures_over_prompts_get_an_interval_over_prompts():
+    """gen_agreement and extract_f1_drop are means over a few prompts: each gets a percentile
+    interval of its per-prompt values resampled; the teacher-forced measures get none here."""
+    scored = ScoredSlice(
+        forced=ForcedResult(_rows()),
+        generations=[Continuation([1], [5, 6, 7, 8], [5, 6, 0, 0], 4), Continuation([2], [9, 9, 9, 9], [9, 9, 9, 9], 4),
+                     Continuation([3], [1, 2, 3, 4], [0, 2, 3, 4], 4)],
+        extraction=PairedRuns([{}, {}], [{"f1": 1.0}, {"f1": 0.5}], [{"f1": 0.5}, {"f1": 0.5}]))
+    ci = prompt_intervals(scored)
+    assert set(ci) == {"gen_agreement_ci", "extract_f1_drop_ci"}
+    assert ci["gen_agreement_ci"][0] == 0.0 and ci["gen_agreement_ci"][1] == 1.0   # all three resampled alike
+    assert 0.0 <= ci["extract_f1_drop_ci"][0] < 0.25 < ci["extract_f1_drop_ci"][1] <= 0.5
+    assert prompt_intervals(ScoredSlice(forced=ForcedResult(_rows()))) == {}
 
 
 def test_an_empty_slice_has_no_measures():

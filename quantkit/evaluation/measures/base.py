@@ -54,8 +54,11 @@ class Measure:
     ``table`` are the figures the slice table shows for it (default: the measure itself),
     placed by ``table_rank``. ``row_value`` (per scored row, summed, over the row's scored
     tokens) makes the bootstrap give it an interval over rows (``<name>_ci``), mapped through
-    ``from_ratio``. Measures the evaluation does not compute itself (lm-eval, the integrity
-    pass) have no ``compute``: their values arrive as pseudo-slices."""
+    ``from_ratio``. ``per_prompt`` (each prompt's value, of which the measure is the mean) marks a
+    measure over a few prompts: the bootstrap gives it an interval over prompts and the verdict
+    counts its breach only when the whole interval is past the limit (verdict.py). Measures the
+    evaluation does not compute itself (lm-eval, the integrity pass) have no ``compute``: their
+    values arrive as pseudo-slices."""
     name: str
     higher_is_better: bool
     review: float
@@ -69,6 +72,7 @@ class Measure:
     table_rank: int = 100                          # the shipped measures' columns come first
     row_value: Callable[[ItemStats], float] | None = None
     from_ratio: Callable[[float], float] | None = None
+    per_prompt: Callable[[ScoredSlice], list[float]] | None = None
     meaning: str = ""                              # what a breach says, beside the figure and its limit
 
     @property

@@ -119,6 +119,14 @@ def reason_margin(r: dict) -> float:
     return r["value"] - r["limit"] if _higher_is_better(r["measure"]) else r["limit"] - r["value"]
 
 
+def reason_interval(r: dict, words, show=short) -> str:
+    """The interval over prompts a reason was gated on, as an aside ("" for one gated on its value)."""
+    if not r.get("interval"):
+        return ""
+    lo, hi = r["interval"]
+    return words("interval_prompts", lo=show(lo), hi=show(hi))
+
+
 def reason_sign(r: dict) -> str:
     return "<" if _higher_is_better(r["measure"]) else ">"
 
@@ -184,7 +192,7 @@ def not_gated_note(note: str, words) -> str:
 
 def noise_line(n: dict, words, show=short) -> str:
     lo, hi = n["interval"]
-    return words("noise", slice=n["slice"], measure=n["measure"], value=show(n["value"]), lo=show(lo), hi=show(hi),
+    return words("noise_prompts" if n.get("over") == "prompts" else "noise", slice=n["slice"], measure=n["measure"], value=show(n["value"]), lo=show(lo), hi=show(hi),
                  level=n["limit_level"], limit=show(n["limit"]))
 
 

@@ -6,7 +6,7 @@ from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
                                                 columns, engine_section, fmt, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, not_gated_note, reason_margin, reason_sign, slice_notes,
+                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin, reason_sign, slice_notes,
                                                 source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
@@ -19,7 +19,8 @@ def reason_line(r: dict, lang: str, show=fmt) -> str:
         return r["text"] + words("aside", x=over)    # the verdict's own words, as report.json holds them
     said = meaning(r["measure"], lang)
     colon, over = words("colon"), words("aside", x=over)
-    head = f"{r['slice']}{colon}{r['measure']} {show(r['value'])} {reason_sign(r)} {show(r['limit'])}"
+    head = (f"{r['slice']}{colon}{r['measure']} {show(r['value'])} {reason_sign(r)} {show(r['limit'])}"
+            + reason_interval(r, words, show))
     return head + over + (f"{colon}{said}" if said else "")
 
 

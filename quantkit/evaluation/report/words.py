@@ -26,8 +26,11 @@ WORDS = Catalog({
     "warnings": ("Warnings", "警告"),
     "within_noise": ("Within noise of a limit (information only)", "处于限值的噪声范围内（仅供参考）"),
     "within_noise_note": ("With other rows of the same traffic, or other prompts, these levels could differ (bootstrap "
-                          "over rows; over prompts for greedy agreement):",
-                          "换用同一业务流量的其他行或其他提示，这些等级可能不同（按行自助抽样；贪心一致率按提示抽样）："),
+                          "over rows; over prompts for greedy agreement and extraction). A measure over a few prompts "
+                          "counts only when its whole interval is past a limit, so those marked \"not counted\" did "
+                          "not change the decision:",
+                          "换用同一业务流量的其他行或其他提示，这些等级可能不同（按行自助抽样；贪心一致率和数字抽取按提示抽样）。"
+                          "基于少量提示的指标只有整个区间都越过限值时才计入，标为“不计入”的项未改变结论："),
     "informational": ("Not gated (information only)", "不参与判定（仅供参考）"),
     "slices": ("Slices", "切片"),
     "group_perplexity": ("Perplexity", "困惑度"),
@@ -110,6 +113,11 @@ WORDS = Catalog({
     "noise": ("{slice}: {measure} {value} (95% interval over rows {lo}-{hi}) holds its {level} limit {limit}: "
               "within noise",
               "{slice}：{measure} {value}（按行的 95% 区间 {lo}-{hi}）包含其 {level} 限值 {limit}，处于噪声范围内"),
+    "interval_prompts": (" (95% interval over prompts {lo}-{hi})", "（按提示的 95% 区间 {lo}-{hi}）"),
+    "noise_prompts": ("{slice}: {measure} {value} (95% interval over prompts {lo}-{hi}) holds its {level} limit "
+                      "{limit}: within noise, not counted",
+                      "{slice}：{measure} {value}（按提示的 95% 区间 {lo}-{hi}）包含其 {level} 限值 {limit}，"
+                      "处于噪声范围内，不计入"),
     "variants_note": ("Variants of the candidate on the same windows (information: they do not change the decision):",
                       "在相同窗口上评估的候选变体（仅供参考，不改变结论）："),
     "candidate_kv": ("candidate (kv {option})", "候选（kv {option}）"),
