@@ -30,26 +30,26 @@ def test_overrides_global_and_per_slice():
 
 
 def test_a_measure_over_prompts_counts_only_past_its_whole_interval():
-    """Greedy agreement over 8 prompts moves by about 0.1 with other prompts or another path's
-    kernels: a mean past a limit whose interval over prompts holds the limit is within noise (GO,
-    listed, not counted); one whose whole interval is past it breaches, the interval in its reason.
-    A measure over rows (kl_mean) still decides on its value, whatever its interval."""
-    noisy = {"names-en": {"gen_agreement": 0.195, "gen_agreement_ci": [0.09, 0.31]}}
+    """Greedy agreement over 8 prompts moves with other prompts: a mean past a limit whose interval
+    over prompts holds the limit is within noise (GO, listed, not counted); one whose whole interval
+    is past it breaches, the interval in its reason. A measure over rows (kl_mean) still decides on
+    its value, whatever its interval."""
+    noisy = {"names-en": {"gen_agreement": 0.12, "gen_agreement_ci": [0.06, 0.2]}}
     v = decide(noisy)
     assert v.decision == GO and v.reasons == []
     noise = within_noise(noisy)
-    assert [(n["limit_level"], n["limit"], n["over"]) for n in noise] == [(REVIEW, 0.25, "prompts"), (NOGO, 0.15, "prompts")]
+    assert [(n["limit_level"], n["limit"], n["over"]) for n in noise] == [(REVIEW, 0.15, "prompts"), (NOGO, 0.1, "prompts")]
     assert noise_text(noise[0]).endswith("within noise, not counted")
 
-    v = decide({"names-en": {"gen_agreement": 0.05, "gen_agreement_ci": [0.0, 0.12]},
+    v = decide({"names-en": {"gen_agreement": 0.04, "gen_agreement_ci": [0.0, 0.08]},
                 "numbers-en": {"extract_f1_drop": 0.09, "extract_f1_drop_ci": [0.06, 0.12]}})
     assert v.slices == {"names-en": NOGO, "numbers-en": REVIEW}
-    assert [r.interval for r in v.reasons] == [(0.0, 0.12), (0.06, 0.12)]
-    assert "(95% interval over prompts 0-0.12, all of it < 0.15)" in v.reasons[0].text()
+    assert [r.interval for r in v.reasons] == [(0.0, 0.08), (0.06, 0.12)]
+    assert "(95% interval over prompts 0-0.08, all of it < 0.1)" in v.reasons[0].text()
     assert v.to_dict()["reasons"][1]["interval"] == [0.06, 0.12]
 
     # without an interval (a figure stored before intervals, a single prompt) the value decides
-    assert decide({"names-en": {"gen_agreement": 0.195}}).decision == REVIEW
+    assert decide({"names-en": {"gen_agreement": 0.12}}).decision == REVIEW
     assert decide({"a": {"kl_mean": 0.07, "kl_mean_ci": [0.05, 0.09]}}).decision == REVIEW
 
 
@@ -89,7 +89,8 @@ def test_defaults_on_the_measured_smollm2_suite(candidate, decision):
 
 def test_fp8_on_chinese_is_shown_not_gated():
     v = smollm2_verdict("fp8_dynamic")
-    assert {r.slice for r in v.informational if r.level == NOGO} == {"numbers-zh", "names-zh"}
+    assert {r.slice for r in v.informational if r.level == NOGO} == {"numbers-zh"}
+    assert v.slices["names-zh"] == v.slices["code-zh"] == REVIEW
     assert smollm2_verdict("fp8_dynamic", LanguageGate()).decision == NOGO  # with every language gating
     assert smollm2_verdict("w8a16", LanguageGate()).decision == GO
 

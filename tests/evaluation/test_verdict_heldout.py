@@ -40,8 +40,8 @@ def test_the_measurement_is_of_other_texts():
 # What the run contradicts is kept visible, not tuned away: strict, so the marker must go
 # when the limits or the measurement change and the claim holds.
 FP8_REVIEW = pytest.mark.xfail(strict=True, reason=(
-    "FP8_DYNAMIC is REVIEW on heldout-numbers-en: gen_agreement 0.242 < 0.25 (62 of 256 greedy "
-    "tokens, 64 needed) and extract_f1_drop 0.069 > 0.05 (12 prompts)"))
+    "FP8_DYNAMIC is REVIEW on heldout-numbers-en: extract_f1_drop 0.069 > 0.05 (12 prompts; the "
+    "stored figures hold no interval over prompts, so the value decides)"))
 
 
 @pytest.mark.parametrize("candidate, decision", [
