@@ -47,8 +47,9 @@ def compare(own: dict, eng: dict) -> list[dict]:
         o = own["slices"].get(name, {})
         row = {"slice": name, "verdict_own": own["verdict"]["slices"].get(name),
                "verdict_engine": eng["verdict"]["slices"].get(name)}
-        for key in ("ppl_base", "ppl_cand", "top1_agreement", "kl_mean", "gen_agreement", "mc_agreement",
-                    "extract_f1_drop", "code_pass_drop", "path_ppl_gap", "path_top1"):
+        for key in ("ppl_base", "ppl_cand", "top1_agreement", "kl_mean", "gen_agreement", "gen_agreement_ci",
+                    "mc_agreement", "extract_f1_drop", "extract_f1_drop_ci", "code_pass_drop", "path_ppl_gap",
+                    "path_top1", "path_kl_mean"):
             if key in e:
                 row[f"{key}_engine"] = e[key]
             if key in o:
@@ -85,13 +86,14 @@ def table(result: dict) -> str:
     lines = [f"### {result['recipe']}: in-process {result['decision_own']} in {result['seconds_own']:.0f} s, "
              f"engine {result['decision_engine']} in {result['seconds_engine']:.0f} s "
              f"(x{result['time_ratio']:.2f})", "",
-             "| slice | ppl base own / engine | ppl cand own / engine | top-1 own / engine | path ppl gap | "
-             "path top-1 | level own / engine |", "|---|---|---|---|---|---|---|"]
+             "| slice | ppl base own / engine | ppl cand own / engine | top-1 own / engine | greedy own / engine | "
+             "path ppl gap | path KL | level own / engine |", "|---|---|---|---|---|---|---|---|"]
     f = lambda r, k: f"{r[k]:.4g}" if isinstance(r.get(k), (int, float)) else "-"  # noqa: E731
     for r in result["slices"]:
         lines.append(f"| {r['slice']} | {f(r, 'ppl_base_own')} / {f(r, 'ppl_base_engine')} | "
                      f"{f(r, 'ppl_cand_own')} / {f(r, 'ppl_cand_engine')} | {f(r, 'top1_agreement_own')} / "
-                     f"{f(r, 'top1_agreement_engine')} | {f(r, 'path_ppl_gap_engine')} | {f(r, 'path_top1_engine')} | "
+                     f"{f(r, 'top1_agreement_engine')} | {f(r, 'gen_agreement_own')} / {f(r, 'gen_agreement_engine')} | "
+                     f"{f(r, 'path_ppl_gap_engine')} | {f(r, 'path_kl_mean_engine')} | "
                      f"{r['verdict_own']} / {r['verdict_engine']} |")
     return "\n".join(lines)
 
