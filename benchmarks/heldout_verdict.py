@@ -160,6 +160,15 @@ def convert(work: Path) -> dict[str, Path]:
     return out
 
 
+def _rounded(v):
+    """A figure as stored: numbers, and the intervals over prompts or rows (``<measure>_ci``) the verdict reads."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return round(v, 6)
+    if isinstance(v, list) and len(v) == 2 and all(isinstance(x, (int, float)) for x in v):
+        return [round(x, 6) for x in v]
+    return None
+
+
 def measure(folder: Path, checkpoints: dict[str, Path], max_len: int) -> dict:
     from quantkit.evaluation import evaluate
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer, module_errors, resolve_dir
@@ -175,8 +184,7 @@ def measure(folder: Path, checkpoints: dict[str, Path], max_len: int) -> dict:
                           module_errors=module_errors(cdir), progress=False)
         out[key] = {"decision": result.decision, "seconds": round(time.perf_counter() - t, 1),
                     "cpu_seconds": round(result.meta["cpu_seconds_total"], 1),
-                    "slices": {s: {m: round(v, 6) for m, v in vals.items()
-                                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                    "slices": {s: {m: _rounded(v) for m, v in vals.items() if _rounded(v) is not None}
                                for s, vals in result.slices.items()}}
         print(key, result.decision, [r.text() for r in result.verdict.reasons], flush=True)
     return out
