@@ -5,7 +5,7 @@
 checkpoints on English texts that neither the default suite nor the calibration set reads (its
 ``source`` says which, and the command: ``benchmarks/heldout_verdict.py``). The decisions the
 product claims must hold there too: W8A16 and FP8_DYNAMIC GO on English, W4A16 g64 RTN NO-GO on
-every English text slice. Where the run contradicts a claim, the test says so (a strict xfail with
+every English text slice. Where a run contradicts a claim, the test says so (a strict xfail with
 the figures) and the limits stay as they are.
 """
 import json
@@ -15,7 +15,7 @@ import pytest
 
 from quantkit.evaluation.languages import LanguageGate, slice_language
 from quantkit.evaluation.slices import DEFAULT_SUITE
-from quantkit.evaluation.verdict import GO, NOGO, decide
+from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide, within_noise
 
 HELDOUT = json.loads((Path(__file__).with_name("smollm2_heldout_measured.json")).read_text())
 MEASURED = HELDOUT["candidates"]
@@ -37,18 +37,23 @@ def test_the_measurement_is_of_other_texts():
         assert all(s["tokens"] > 1000 for s in slices.values() if "tokens" in s)
 
 
-# What the run contradicts is kept visible, not tuned away: strict, so the marker must go
-# when the limits or the measurement change and the claim holds.
-FP8_REVIEW = pytest.mark.xfail(strict=True, reason=(
-    "FP8_DYNAMIC is REVIEW on heldout-numbers-en: extract_f1_drop 0.069 > 0.05 (12 prompts; the "
-    "stored figures hold no interval over prompts, so the value decides)"))
-
-
-@pytest.mark.parametrize("candidate, decision", [
-    ("w8a16", GO), pytest.param("fp8_dynamic", GO, marks=FP8_REVIEW), ("w4a16-g64", NOGO)])
+@pytest.mark.parametrize("candidate, decision", [("w8a16", GO), ("fp8_dynamic", GO), ("w4a16-g64", NOGO)])
 def test_defaults_on_texts_they_were_not_set_on(candidate, decision):
     v = heldout_verdict(candidate)
     assert v.decision == decision, [r.text() for r in v.reasons]
+
+
+def test_fp8_extraction_drop_is_within_the_noise_of_12_prompts():
+    """FP8_DYNAMIC's extraction F1 on heldout-numbers-en drops by 0.069, past the REVIEW limit 0.05,
+    over 12 prompts whose interval holds the limit: a measure over a few prompts is gated on its
+    interval, so it is listed as noise and does not decide. Decided on its value it would be REVIEW."""
+    slices = MEASURED["fp8_dynamic"]
+    drop = slices["heldout-numbers-en"]
+    assert drop["extract_f1_drop"] > 0.05 and drop["extract_f1_drop_ci"][0] <= 0.05 <= drop["extract_f1_drop_ci"][1]
+    noise = within_noise(slices)
+    assert ("heldout-numbers-en", "extract_f1_drop", "prompts") in {(n["slice"], n["measure"], n["over"]) for n in noise}
+    by_value = {n: {m: x for m, x in vals.items() if not m.endswith("_ci")} for n, vals in slices.items()}
+    assert decide(by_value).decision == REVIEW
 
 
 TEACHER_FORCED = ("kl_mean", "top1_agreement", "ppl_increase", "focus_kl_mean", "focus_top1_agreement",
