@@ -79,7 +79,7 @@ def run_one(recipe: str, args, env: dict) -> dict:
     eng = json.loads((out_eng / "report.json").read_text())
     return {"recipe": recipe, "seconds_own": own_s, "seconds_engine": eng_s, "time_ratio": eng_s / own_s,
             "decision_own": own["verdict"]["decision"], "decision_engine": eng["verdict"]["decision"],
-            "engine": eng["meta"]["engine"], "slices": compare(own, eng)}
+            "engine": eng["engine"], "slices": compare(own, eng)}
 
 
 def table(result: dict) -> str:

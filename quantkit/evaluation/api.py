@@ -62,6 +62,8 @@ class EvalResult:
     warnings: list[str] = field(default_factory=list)                 # what was not measured, and why
     # long slices: variant of the candidate (e.g. a KV-cache option) -> its KL by position and level
     variants: dict[str, dict[str, dict]] = field(default_factory=dict)
+    # scored inside a serving engine: each server's settings, the KL estimator, what it did not measure
+    engine: dict | None = None
 
     @property
     def decision(self) -> str:
@@ -385,12 +387,11 @@ def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None =
         _warn_fallbacks(setup, path.model)
     verdict = _judge(measures, cfg, setup, suite)
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
-    meta = _meta(cfg, setup, suite)
-    meta["engine"] = {**served.settings(), "not_measured": served.not_measured()}
-    return EvalResult(meta, suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds, cfg.footprint,
-                      cfg.module_errors, {s.name: s.public for s in setup.slices},
+    return EvalResult(_meta(cfg, setup, suite), suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds,
+                      cfg.footprint, cfg.module_errors, {s.name: s.public for s in setup.slices},
                       {s.name: s.language for s in setup.slices}, setup.gate, {},
-                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, {})
+                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, {},
+                      engine={**served.settings(), "not_measured": served.not_measured()})
 
 
 @dataclass

@@ -37,7 +37,7 @@ def test_w8a8_in_the_engine_agrees_with_quantkit_and_names_vllm(engine_python, c
     ref = quantkit("eval", *common, "--out", tmp_path / "in-process")
     assert ref.returncode == 0, ref.stderr[-3000:]
     eng, own = report(tmp_path / "engine"), report(tmp_path / "in-process")
-    engine = eng["meta"]["engine"]
+    engine = eng["engine"]
     for who in ("baseline", "candidate"):
         assert engine[who]["engine"] == "vllm" and engine[who]["version"] == "0.32.0"
         # one more than --max-len: a window of the full length plus its one output token fits

@@ -45,7 +45,7 @@ def test_wide_per_head_kv_scales_are_a_path_agreement_reason(planted, tmp_path):
                    "--recipe", recipe, "--engine", "vllm", "--out", tmp_path / "r")
     assert res.returncode == 0, res.stderr[-3000:]
     data = report(tmp_path / "r")
-    assert data["meta"]["engine"]["candidate"]["kv_cache_dtype"] == "fp8"
+    assert data["engine"]["candidate"]["kv_cache_dtype"] == "fp8"
     path = [r for r in data["verdict"]["reasons"] if r["measure"].startswith("path_")]
     assert path and all(r["slice"] == "numbers-en" for r in path), data["verdict"]["reasons"]
     assert data["verdict"]["decision"] != "GO"

@@ -27,7 +27,7 @@ from quantkit.sensitivity.report import section
 __all__ = ["SCHEMA_VERSION", "fmt", "integrity_grid", "markdown", "mixed_text", "plots", "render_html", "save",
            "short", "to_json"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2    # 2: the engine's record at the top level ("engine"), not under "meta"
 
 
 def _round(x):
@@ -54,6 +54,7 @@ def to_json(result) -> dict:
         "decision": result.verdict.decision,
         "verdict": result.verdict.to_dict(),
         "meta": result.meta,
+        "engine": result.engine,
         "slices": result.slices,
         "public": result.public,
         "languages": result.languages,

@@ -322,10 +322,11 @@ ENGINE_SETTINGS = ("engine", "version", "device", "dtype", "quantization", "kv_c
                    "enable_prefix_caching", "enable_chunked_prefill", "url")
 
 
-def engine_section(meta: dict, words) -> tuple[str, list[str], list[list[str]]] | None:
-    """The engine section: a sentence (how KL was estimated, what the engine did not measure), and
-    each server's settings as a table (header, rows); None when the evaluation ran in process."""
-    eng = meta.get("engine")
+def engine_section(data: dict, words) -> tuple[str, list[str], list[list[str]]] | None:
+    """The engine section of report.json's ``data``: a sentence (how KL was estimated, what the
+    engine did not measure), and each server's settings as a table (header, rows); None when the
+    evaluation ran in process."""
+    eng = data.get("engine")
     if not eng:
         return None
     who = [w for w in ("baseline", "candidate") if w in eng]

@@ -217,7 +217,7 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
         parts += [f"<h2>{e(w('mixed'))}</h2><p id='mixed'>{e(mixed_text(data['mixed'], w))}</p>",
                   _image(images, "mixed", w("alt_mixed")), f"<details><summary>{e(w('details'))}</summary>",
                   _table("mixed_units", [w("th_unit"), w("th_format"), w("th_predicted_kl")], rows), "</details>"]
-    engine = engine_section(data["meta"], w)
+    engine = engine_section(data, w)
     if engine:
         note, header, rows = engine
         parts += [f"<h2>{e(w('engine'))}</h2><p>{e(note)}</p>",

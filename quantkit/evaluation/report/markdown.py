@@ -48,7 +48,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
         lines += [f"- {r['level']} {md_text(reason_line(r, lang))}{w('colon')}{md_text(not_gated_note(r['note'], w))}"
                   for r in v["informational"]]
         lines.append("")
-    lines += _engine_markdown(m, w) + _slices_markdown(data, w) + _positions_markdown(data, w)
+    lines += _engine_markdown(data, w) + _slices_markdown(data, w) + _positions_markdown(data, w)
     if data.get("footprint"):
         lines += [f"## {w('footprint')}", "", f"| {w('th_quantity')} | {w('th_value')} |", "|---|---|"]
         lines += [md_row([k, fmt(val)]) for k, val in data["footprint"].items()] + [""]
@@ -124,8 +124,8 @@ def _positions_markdown(data: dict, w) -> list[str]:
     return lines
 
 
-def _engine_markdown(meta: dict, w) -> list[str]:
-    engine = engine_section(meta, w)
+def _engine_markdown(data: dict, w) -> list[str]:
+    engine = engine_section(data, w)
     if not engine:
         return []
     note, header, rows = engine
