@@ -192,7 +192,8 @@ def not_gated_note(note: str, words) -> str:
 
 def noise_line(n: dict, words, show=short) -> str:
     lo, hi = n["interval"]
-    return words("noise_prompts" if n.get("over") == "prompts" else "noise", slice=n["slice"], measure=n["measure"], value=show(n["value"]), lo=show(lo), hi=show(hi),
+    key = "noise_prompts" if n.get("over") == "prompts" else "noise"
+    return words(key, slice=n["slice"], measure=n["measure"], value=show(n["value"]), lo=show(lo), hi=show(hi),
                  level=n["limit_level"], limit=show(n["limit"]))
 
 

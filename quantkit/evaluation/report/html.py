@@ -11,8 +11,8 @@ from quantkit.common.i18n import HTML_LANG
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
                                                 column_groups, engine_section, fmt, gated_figures, gates, gating_text,
                                                 headline_figures, integrity_text, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin, reason_sign, short,
-                                                slice_notes, source_note, variants)
+                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
+                                                reason_sign, short, slice_notes, source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
 e = html.escape
@@ -86,7 +86,8 @@ def _reason_item(r: dict, key: str, i: int, w, lang: str) -> str:
     note = f"{colon}{e(not_gated_note(r['note'], w))}" if r.get("note") else ""
     return (f"<li class='{e(r['level'])}'><b>{e(r['level'])}</b> {e(r['slice'])}{colon}{e(r['measure'])} "
             f"{_span(r['value'], f'verdict.{key}.{i}.value')} {reason_sign(r)} "
-            f"{_span(r['limit'], f'verdict.{key}.{i}.limit')}{e(reason_interval(r, w))}{e(w('aside', x=over))}{e(colon + said) if said else ''}"
+            f"{_span(r['limit'], f'verdict.{key}.{i}.limit')}{e(reason_interval(r, w))}{e(w('aside', x=over))}"
+            f"{e(colon + said) if said else ''}"
             f"{note}</li>")
 
 

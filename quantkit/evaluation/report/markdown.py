@@ -6,8 +6,8 @@ from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
                                                 columns, engine_section, fmt, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin, reason_sign, slice_notes,
-                                                source_note, variants)
+                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
+                                                reason_sign, slice_notes, source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
 
