@@ -213,6 +213,20 @@ def noise_text(n: dict) -> str:
             + (", not counted" if over == "prompts" else ""))
 
 
+def judged_level(measure: str, lim: Limit, values: dict) -> tuple[str, tuple[float, float] | None]:
+    """A measured slice's level on ``measure`` (its value in ``values``) and the interval over
+    prompts it was judged on: a measure over a few prompts is judged on the end of its interval
+    nearest to passing, every other measure on its value.
+
+    >>> judged_level("gen_agreement", Limit(0.15, 0.10, True), {"gen_agreement": 0.12, "gen_agreement_ci": [0.06, 0.2]})
+    ('GO', (0.06, 0.2))
+    """
+    interval = _prompt_interval(measure, values)
+    if interval is None:
+        return lim.level(values[measure]), None
+    return lim.level(interval[1] if lim.higher_is_better else interval[0]), interval
+
+
 def _prompt_interval(measure: str, values: dict) -> tuple[float, float] | None:
     """The interval over prompts a measure over a few prompts is gated on (None: gated on its value)."""
     m = MEASURES.get(measure)
@@ -261,8 +275,7 @@ def decide(measures: dict[str, dict], thresholds: Thresholds | None = None,
             v = values.get(m)
             if v is None:
                 continue
-            interval = _prompt_interval(m, values)
-            lv = lim.level(v) if interval is None else lim.level(interval[1 if lim.higher_is_better else 0])
+            lv, interval = judged_level(m, lim, values)
             if lv != GO:
                 reasons.append(Reason(sname, m, v, lim.nogo if lv == NOGO else lim.review, lv, interval))
                 level = max(level, lv, key=RANK.get)

@@ -5,6 +5,7 @@ import pytest
 from quantkit.common.i18n import LANGUAGES, Catalog
 from quantkit.evaluation.report.content import gated_figures, headline_figures, layer_summary, short
 from quantkit.evaluation.report.words import WORDS
+from quantkit.evaluation.verdict import decide
 
 
 def _data():
@@ -30,6 +31,22 @@ def test_each_figure_stands_beside_the_limit_that_judges_it():
     assert (low.level, low.limit, low.sign) == ("NO-GO", 0.75, "<") and low.margin == pytest.approx(-0.25)
     high = figures[("numbers-en", "top1_agreement")]
     assert (high.sign, high.margin) == ("≥", pytest.approx(0.08))
+
+
+def test_a_figure_over_prompts_is_judged_on_its_interval_as_the_verdict_judges_it():
+    """gen_agreement 0.12 is past its REVIEW limit 0.15, but its interval over prompts reaches 0.2:
+    the gating table shows it GO with the margin of the interval's end, as the verdict decides it;
+    without an interval it is judged on its value."""
+    data = {"slices": {"names-en": {"gen_agreement": 0.12, "gen_agreement_ci": [0.06, 0.2]},
+                       "code-en": {"gen_agreement": 0.12}},
+            "verdict": {"not_gated": {}},
+            "thresholds": {"gen_agreement": {"review": 0.15, "nogo": 0.1, "higher_is_better": True}}}
+    figures = {f.slice: f for f in gated_figures(data)}
+    noisy = figures["names-en"]
+    assert (noisy.level, noisy.interval, noisy.sign) == ("GO", (0.06, 0.2), "≥")
+    assert noisy.margin == pytest.approx(0.05) and decide(data["slices"]).slices["names-en"] == noisy.level
+    plain = figures["code-en"]
+    assert (plain.level, plain.interval, plain.margin) == ("REVIEW", None, pytest.approx(-0.03))
 
 
 def test_the_headline_is_each_slices_tightest_figure_worst_first():

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
-from quantkit.evaluation.verdict import EVIDENCE
+from quantkit.evaluation.verdict import EVIDENCE, judged_level
 from quantkit.evaluation.report.words import MEANING_ZH, gating_source
 
 
@@ -45,17 +45,26 @@ def short(v) -> str:
 @dataclass(frozen=True)
 class Gated:
     """One gated figure of one slice beside the limit it is judged by: the NO-GO limit when it is
-    past it, else the REVIEW limit. ``margin`` > 0: inside the limit by that much; < 0: past it."""
+    past it, else the REVIEW limit. ``margin`` > 0: inside the limit by that much; < 0: past it.
+    A measure over a few prompts is judged on its ``interval`` (the end nearest to passing), and its
+    margin is that end's."""
     slice: str
     measure: str
     value: float
     limit: float
     level: str
     higher_is_better: bool
+    interval: tuple[float, float] | None = None
+
+    @property
+    def judged(self) -> float:
+        if self.interval is None:
+            return self.value
+        return self.interval[1] if self.higher_is_better else self.interval[0]
 
     @property
     def margin(self) -> float:
-        return self.value - self.limit if self.higher_is_better else self.limit - self.value
+        return self.judged - self.limit if self.higher_is_better else self.limit - self.judged
 
     @property
     def sign(self) -> str:
@@ -90,9 +99,9 @@ def gated_figures(data: dict) -> list[Gated]:
             v = values.get(m)
             if v is None or (isinstance(v, float) and not math.isfinite(v)):
                 continue
-            level = lim.level(v)
+            level, interval = judged_level(m, lim, values)
             limit = lim.nogo if level == NOGO else lim.review
-            out.append(Gated(name, m, v, limit, level, lim.higher_is_better))
+            out.append(Gated(name, m, v, limit, level, lim.higher_is_better, interval))
     return out
 
 

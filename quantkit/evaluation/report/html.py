@@ -109,8 +109,9 @@ def _reasons(data: dict, w, lang: str) -> list[str]:
 
 
 def _figure_row(f) -> str:
+    over = "" if f.interval is None else f" ({short(f.interval[0])}-{short(f.interval[1])})"
     return (f"<tr><td>{e(f.slice)}</td><td>{e(f.measure)}</td><td data-value='{e(fmt(f.value))}'>{e(short(f.value))}"
-            f"</td><td>{f.sign} {e(short(f.limit))}</td><td data-value='{e(fmt(f.margin))}'>{e(short(f.margin))}</td>"
+            f"{e(over)}</td><td>{f.sign} {e(short(f.limit))}</td><td data-value='{e(fmt(f.margin))}'>{e(short(f.margin))}</td>"
             f"<td class='{e(f.level)}'>{e(f.level)}</td></tr>")
 
 
