@@ -224,7 +224,12 @@ def judged_level(measure: str, lim: Limit, values: dict) -> tuple[str, tuple[flo
     interval = _prompt_interval(measure, values)
     if interval is None:
         return lim.level(values[measure]), None
-    return lim.level(interval[1] if lim.higher_is_better else interval[0]), interval
+    return lim.level(passing_end(interval, lim.higher_is_better)), interval
+
+
+def passing_end(interval: tuple[float, float], higher_is_better: bool) -> float:
+    """The end of an interval nearest to passing: the figure a measure over a few prompts is judged on."""
+    return interval[1] if higher_is_better else interval[0]
 
 
 def _prompt_interval(measure: str, values: dict) -> tuple[float, float] | None:

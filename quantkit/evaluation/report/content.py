@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
-from quantkit.evaluation.verdict import EVIDENCE, judged_level
+from quantkit.evaluation.verdict import EVIDENCE, judged_level, passing_end
 from quantkit.evaluation.report.words import MEANING_ZH, gating_source
 
 
@@ -58,9 +58,7 @@ class Gated:
 
     @property
     def judged(self) -> float:
-        if self.interval is None:
-            return self.value
-        return self.interval[1] if self.higher_is_better else self.interval[0]
+        return self.value if self.interval is None else passing_end(self.interval, self.higher_is_better)
 
     @property
     def margin(self) -> float:
