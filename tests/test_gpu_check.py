@@ -89,5 +89,9 @@ def test_failed_stages_are_named_and_the_rest_still_run(tmp_path):
     doc = json.loads((tmp_path / "gpu_check.json").read_text())
     assert doc["failed_stages"] == ["env", "tests", "kernels", "gptq", "eval"] and not doc["ok"]
     for name in ("env", "tests", "kernels", "gptq", "eval"):
-        assert "timed out" in doc[name]["stage_error"] and "error" in doc[name], name
+        assert "timed out" in doc[name]["stage_error"] and "log_tail" in doc[name], name
+        # The kernel table is written row by row: on a fast machine a row can finish inside the
+        # limit, and a table cut short keeps its rows instead of an error.
+        kept_rows = name == "kernels" and bool(doc[name].get("rows"))
+        assert kept_rows or "error" in doc[name], name
     assert "FAILED: env, tests, kernels, gptq, eval" in (tmp_path / "gpu_check.md").read_text()
