@@ -4,6 +4,8 @@ and an ``EvalResult`` that saves report.md / report.html / report.json.
 from __future__ import annotations
 
 import time
+from contextlib import closing
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
@@ -15,7 +17,7 @@ from quantkit.errors import QuantkitError
 from quantkit.evaluation.bootstrap import prompt_intervals, row_intervals
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
 from quantkit.evaluation.backends.in_process import InProcessBackend
-from quantkit.evaluation.backends.served import ServedModels, ServedPass
+from quantkit.evaluation.backends.served import SLICES_AT_ONCE, ServedModels, ServedPass
 from quantkit.evaluation.business import BusinessRows, business_meta, read_business
 from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
@@ -373,13 +375,14 @@ def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None =
     setup.open_runner(cfg)
     t0, c0 = time.perf_counter(), time.process_time()
     record: dict = {}
-    with served.baseline() as base:   # its figures pair the baseline with itself: only the record is kept
+    with served.baseline() as base, closing(base):   # its figures pair the baseline with itself: only the record is kept
         _score_suite(ServedPass(base, record, replay=False), tokenizer, cfg,
-                     replace(setup, warnings=[], reach=replace(reach, slices={})), desc="engine: baseline")
-    with served.candidate() as cand:
+                     replace(setup, warnings=[], reach=replace(reach, slices={})), desc="engine: baseline",
+                     at_once=SLICES_AT_ONCE)
+    with served.candidate() as cand, closing(cand):
         path = served.path_check()   # the candidate in this process, beside the engine
         suite = _score_suite(ServedPass(cand, record, replay=True, path=path), tokenizer, cfg, setup,
-                             desc="engine: candidate")
+                             desc="engine: candidate", at_once=SLICES_AT_ONCE)
     measures = dict(suite.values)
     if cfg.integrity is not None:
         measures.update(flagged_measures(cfg.integrity, cfg.thresholds))
@@ -453,25 +456,51 @@ class _Suite:
     cpu_total: float = 0.0
 
 
-def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Setup, desc: str = "eval") -> _Suite:
+def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Setup, desc: str = "eval",
+                 at_once: int = 1) -> _Suite:
+    """Every slice measured through ``backend``, ``at_once`` slices at a time (a served backend:
+    see ``SLICES_AT_ONCE``); results are kept in the suite's order either way."""
     run = _SliceRun(tokenizer, min(setup.reach.max_len, setup.reach.window), cfg.options, cfg.show_samples, setup.runner, setup.reach,
                     cfg.variants or {})
     out = _Suite()
     with tqdm(total=len(setup.slices) * 2, desc=desc, disable=not cfg.progress, unit="step") as bar:
-        for sl in setup.slices:
-            bar.set_postfix_str(sl.name)
-            ts, cs = time.perf_counter(), time.process_time()
-            got = _measure_slice(sl, backend, run, bar)
+        for sl, (got, seconds, cpu) in zip(setup.slices, _measured(setup.slices, backend, run, bar, at_once)):
             out.values[sl.name], out.examples[sl.name] = got.values, got.examples
             setup.warnings += got.warnings
             if got.buckets:
                 out.buckets[sl.name] = got.buckets
             if got.variants:
                 out.by_variant[sl.name] = got.variants
-            out.seconds[sl.name] = time.perf_counter() - ts
-            out.cpu[sl.name] = time.process_time() - cs
-            bar.update(1)
+            out.seconds[sl.name] = seconds
+            if cpu is not None:
+                out.cpu[sl.name] = cpu
     return out
+
+
+def _measured(slices: list[Slice], backend: ScoringBackend, run: _SliceRun, bar,
+              at_once: int) -> list[tuple[_Measured, float, float | None]]:
+    """Per slice, in order: what it gave, its wall seconds and its CPU seconds. Slices measured
+    together overlap in time and share this process's CPU: their CPU seconds are not told apart."""
+    def timed(sl: Slice) -> tuple[_Measured, float, float | None]:
+        ts, cs = time.perf_counter(), time.process_time()
+        if at_once == 1:
+            bar.set_postfix_str(sl.name)
+        got = _measure_slice(sl, backend, run, bar)
+        bar.update(1)
+        return got, time.perf_counter() - ts, time.process_time() - cs if at_once == 1 else None
+
+    if at_once == 1 or len(slices) < 2:
+        return [timed(sl) for sl in slices]
+    pool = ThreadPoolExecutor(min(at_once, len(slices)), thread_name_prefix="quantkit-slice")
+    try:
+        futures = [pool.submit(timed, sl) for sl in slices]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in done:   # the first error ends the suite now, not when the slices before it are done
+            if f.exception() is not None:
+                f.result()
+        return [f.result() for f in futures]
+    finally:   # an error, Ctrl-C or SIGTERM: what has not started is cancelled; the rest ends with its server
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _Setup,

@@ -348,6 +348,8 @@ def _interruptible():
     """SIGTERM raises like Ctrl-C, so whatever is running (an engine server) is stopped on the way out;
     an interrupted evaluation writes no report and exits 130."""
     def raise_interrupt(signum, frame):
+        # once: a second SIGTERM must not cut short the servers' stop it started (bounded: stop_session)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     try:

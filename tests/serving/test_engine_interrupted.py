@@ -17,7 +17,8 @@ def ckpt(w8a8_checkpoint):
 def _run_until(point: str, ckpt, tmp_path, signal: str = "KILL"):
     recipe = small_recipe(tmp_path / "small.yaml")
     out = tmp_path / "report"
-    res = quantkit("eval", "--candidate", ckpt, "--suite", "numbers-en", "--max-len", "512", "--recipe", recipe,
+    # two slices, scored at once (SLICES_AT_ONCE): the point is reached by both
+    res = quantkit("eval", "--candidate", ckpt, "--suite", "numbers-en,names-en", "--max-len", "512", "--recipe", recipe,
                    "--engine", "vllm", "--out", out,
                    env={"QUANTKIT_TEST_KILL_AT": point, "QUANTKIT_TEST_KILL_SIGNAL": signal})
     return res, out

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, ContextManager, Mapping, Protocol
@@ -35,6 +36,10 @@ from quantkit.evaluation.topk import TopK
 from quantkit.serving.client import EngineError, Endpoint
 
 REQUESTS_IN_FLIGHT = 16   # the server batches what arrives together (16: what the in-process path batches for generation)
+# Slices scored at the same time, each with its own requests in flight: a server runs every
+# sequence in flight in one step, and a step can cost the same for 1 sequence as for 32 (vLLM's
+# CPU FP8 path, docs/engine.md), so decoding the slices together takes the time of the longest.
+SLICES_AT_ONCE = 8
 
 
 @dataclass(frozen=True)
@@ -101,14 +106,24 @@ class ServedModel:
     def __init__(self, endpoint: Endpoint, tokenizer, top_k: int, timeout_s: float = 1800.0) -> None:
         self.endpoint, self.tokenizer, self.top_k, self.timeout_s = endpoint, tokenizer, top_k, timeout_s
         self.eos = tokenizer.eos_token_id
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """No more requests: a slice still scoring in another thread fails at its next one (after
+        an error, Ctrl-C or SIGTERM nothing goes on asking the server)."""
+        self._closed.set()
+
+    def _completions(self, body: dict) -> dict:
+        if self._closed.is_set():
+            raise EngineError(f"{self.endpoint.flag}: the evaluation has stopped")
+        return self.endpoint.completions(body, self.timeout_s)
 
     def score(self, seqs: list[list[int]], k: int | None = None) -> list[WindowScores]:
         k = self.top_k if k is None else k
 
         def one(seq: list[int]) -> WindowScores:
-            answer = self.endpoint.completions({"prompt": seq, "echo": True, "logprobs": k, "max_tokens": 0,
-                                                "temperature": 0, "return_tokens_as_token_ids": True},
-                                               self.timeout_s)
+            answer = self._completions({"prompt": seq, "echo": True, "logprobs": k, "max_tokens": 0,
+                                        "temperature": 0, "return_tokens_as_token_ids": True})
             return window_scores(answer["choices"][0], seq)
         out = _in_parallel(one, seqs)
         kill_point("engine:scoring")
@@ -117,9 +132,8 @@ class ServedModel:
     def next_token(self, prompts: list[list[int]]) -> list[dict[int, float]]:
         """Per prompt, the ``top_k`` most likely next tokens and their log-probabilities."""
         def one(prompt: list[int]) -> dict[int, float]:
-            answer = self.endpoint.completions({"prompt": prompt, "max_tokens": 1, "logprobs": self.top_k,
-                                                "temperature": 0, "return_tokens_as_token_ids": True},
-                                               self.timeout_s)
+            answer = self._completions({"prompt": prompt, "max_tokens": 1, "logprobs": self.top_k,
+                                        "temperature": 0, "return_tokens_as_token_ids": True})
             tops = (answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}]
             return {_token_id(t): _logprob(v) for t, v in (tops[0] or {}).items()}
         return _in_parallel(one, prompts)
@@ -129,7 +143,7 @@ class ServedModel:
         def one(prompt: list[int]) -> list[int]:
             body = {"prompt": prompt, "max_tokens": n_tokens, "temperature": 0, "return_token_ids": True,
                     **({"stop": stop} if stop else {})}
-            ids = self.endpoint.completions(body, self.timeout_s)["choices"][0].get("token_ids")
+            ids = self._completions(body)["choices"][0].get("token_ids")
             if ids is None:   # asking for logprobs instead would double vLLM's decoding time, measured
                 raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url} returns no token ids: it must support "
                                   "vLLM's return_token_ids")

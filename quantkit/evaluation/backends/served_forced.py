@@ -6,6 +6,7 @@ server reports at prompt index ``p + 1`` (index j holds the log-probability of t
 tokens before it)."""
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,18 +48,21 @@ class PathCheck:
 
     def __init__(self, model, pad: int, budget: int = 4096) -> None:
         self.model, self.pad, self.budget = model, pad, budget
+        # slices scored at once (served.SLICES_AT_ONCE) take turns: one forward in this process at a time
+        self._turn = threading.Lock()
 
     def figures(self, encoded: list[Encoded], jobs: list, cand: list[WindowScores]) -> dict:
         """Tokens compared, both paths' summed NLL of the actual tokens, and how many tokens both
         rank first alike."""
         out = {"tokens": 0, "nll_engine": 0.0, "nll_in_process": 0.0, "top1_same": 0, "kl_sum": 0.0}
-        for (k, w), sc in zip(jobs, cand):
-            if out["tokens"] >= self.budget:
-                break
-            seq = encoded[k].ids[w.start:w.end]
-            p0, p1 = w.score_from, len(seq) - 1
-            if p1 > p0:
-                self._window(encoded[k], w.start, seq, (p0, p1), sc, out)
+        with self._turn:
+            for (k, w), sc in zip(jobs, cand):
+                if out["tokens"] >= self.budget:
+                    break
+                seq = encoded[k].ids[w.start:w.end]
+                p0, p1 = w.score_from, len(seq) - 1
+                if p1 > p0:
+                    self._window(encoded[k], w.start, seq, (p0, p1), sc, out)
         return out
 
     def _window(self, e: Encoded, start: int, seq: list[int], scored: tuple[int, int], sc: WindowScores,
