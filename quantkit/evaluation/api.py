@@ -7,8 +7,9 @@ import time
 from contextlib import closing
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
 
 from tqdm.auto import tqdm
 
@@ -38,6 +39,7 @@ from quantkit.runtime.loader import model_fallbacks
 if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport
 
+T = TypeVar("T")
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 # generation prompts per text: its openings of 1, 2 and 3 times SuiteOptions.prompt_tokens. A slice
 # holds a dozen texts or more, and greedy agreement over 8 prompts moved by 0.1 between two runs of
@@ -198,17 +200,41 @@ class _SliceRun:
     variants: Mapping[str, View]
 
 
-def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar) -> _Measured:
-    """Score ``sl`` through ``backend``: the figures each part gives, then every registered measure."""
-    out, scored = _Measured(), ScoredSlice()
-    texts = _score_texts(sl, backend, run, scored, out)
-    if sl.label_replies:
-        _score_labels(texts, sl.label_replies, backend, run, scored, out)
-    bar.update(1)
-    _score_tasks(sl, backend, run, scored, out)
+def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar, at_once: int = 1) -> _Measured:
+    """Score ``sl`` through ``backend``: the figures each part gives, then every registered measure.
+    With ``at_once`` > 1 its texts and its tasks (independent calls) are scored at the same time."""
+    out, tasks, scored = _Measured(), _Measured(), ScoredSlice()
+
+    def texts() -> None:
+        scored_texts = _score_texts(sl, backend, run, scored, out)
+        if sl.label_replies:
+            _score_labels(scored_texts, sl.label_replies, backend, run, scored, out)
+        bar.update(1)
+
+    _at_once([texts, lambda: _score_tasks(sl, backend, run, scored, tasks)], at_once)
+    out.values.update(tasks.values)
+    out.examples += tasks.examples
     out.values.update(measure_values(scored))
     out.values.update(prompt_intervals(scored))
     return out
+
+
+def _at_once(calls: list[Callable[[], T]], workers: int) -> list[T]:
+    """``[c() for c in calls]``, ``workers`` at a time. The first error is raised as soon as it
+    happens, not after the calls before it; what has not started is cancelled, and what is running
+    ends with its server (``ServedModel.close``)."""
+    if workers == 1 or len(calls) < 2:
+        return [c() for c in calls]
+    pool = ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="quantkit-slice")
+    try:
+        futures = [pool.submit(c) for c in calls]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for f in done:
+            if f.exception() is not None:
+                f.result()
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice,
@@ -485,22 +511,11 @@ def _measured(slices: list[Slice], backend: ScoringBackend, run: _SliceRun, bar,
         ts, cs = time.perf_counter(), time.process_time()
         if at_once == 1:
             bar.set_postfix_str(sl.name)
-        got = _measure_slice(sl, backend, run, bar)
+        got = _measure_slice(sl, backend, run, bar, at_once)
         bar.update(1)
         return got, time.perf_counter() - ts, time.process_time() - cs if at_once == 1 else None
 
-    if at_once == 1 or len(slices) < 2:
-        return [timed(sl) for sl in slices]
-    pool = ThreadPoolExecutor(min(at_once, len(slices)), thread_name_prefix="quantkit-slice")
-    try:
-        futures = [pool.submit(timed, sl) for sl in slices]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in done:   # the first error ends the suite now, not when the slices before it are done
-            if f.exception() is not None:
-                f.result()
-        return [f.result() for f in futures]
-    finally:   # an error, Ctrl-C or SIGTERM: what has not started is cancelled; the rest ends with its server
-        pool.shutdown(wait=False, cancel_futures=True)
+    return _at_once([partial(timed, sl) for sl in slices], at_once)
 
 
 def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _Setup,
