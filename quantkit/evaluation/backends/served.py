@@ -38,7 +38,7 @@ from quantkit.serving.client import EngineError, Endpoint
 REQUESTS_IN_FLIGHT = 16   # the server batches what arrives together (16: what the in-process path batches for generation)
 # Slices scored at the same time (and within each, its texts beside its tasks), each call with its
 # own requests in flight: a server runs every sequence in flight in one step, and a step can cost
-# about the same for 1 sequence as for 32 (vLLM's CPU FP8 path, docs/engine.md), so decoding them
+# the same for 1 sequence as for 8 (vLLM's CPU FP8 path, docs/engine.md), so decoding them
 # together takes about the time of the longest. 16: every slice of the default suite at once.
 SLICES_AT_ONCE = 16
 
