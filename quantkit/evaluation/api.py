@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import time
 from contextlib import closing
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Mapping
 
 from tqdm.auto import tqdm
 
+from quantkit.common import concurrency
 from quantkit.errors import QuantkitError
 
 from quantkit.evaluation.bootstrap import prompt_intervals, row_intervals
@@ -39,7 +39,6 @@ from quantkit.runtime.loader import model_fallbacks
 if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport
 
-T = TypeVar("T")
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
 # generation prompts per text: its openings of 1, 2 and 3 times SuiteOptions.prompt_tokens. A slice
 # holds a dozen texts or more, and greedy agreement over 8 prompts moved by 0.1 between two runs of
@@ -211,30 +210,13 @@ def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar, at_o
             _score_labels(scored_texts, sl.label_replies, backend, run, scored, out)
         bar.update(1)
 
-    _at_once([texts, lambda: _score_tasks(sl, backend, run, scored, tasks)], at_once)
+    # the calls still running after an error end with their server (ServedModel.close)
+    concurrency.at_once([texts, lambda: _score_tasks(sl, backend, run, scored, tasks)], at_once, "quantkit-slice")
     out.values.update(tasks.values)
     out.examples += tasks.examples
     out.values.update(measure_values(scored))
     out.values.update(prompt_intervals(scored))
     return out
-
-
-def _at_once(calls: list[Callable[[], T]], workers: int) -> list[T]:
-    """``[c() for c in calls]``, ``workers`` at a time. The first error is raised as soon as it
-    happens, not after the calls before it; what has not started is cancelled, and what is running
-    ends with its server (``ServedModel.close``)."""
-    if workers == 1 or len(calls) < 2:
-        return [c() for c in calls]
-    pool = ThreadPoolExecutor(min(workers, len(calls)), thread_name_prefix="quantkit-slice")
-    try:
-        futures = [pool.submit(c) for c in calls]
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for f in done:
-            if f.exception() is not None:
-                f.result()
-        return [f.result() for f in futures]
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice,
@@ -515,7 +497,7 @@ def _measured(slices: list[Slice], backend: ScoringBackend, run: _SliceRun, bar,
         bar.update(1)
         return got, time.perf_counter() - ts, time.process_time() - cs if at_once == 1 else None
 
-    return _at_once([partial(timed, sl) for sl in slices], at_once)
+    return concurrency.at_once([partial(timed, sl) for sl in slices], at_once, "quantkit-slice")
 
 
 def _beside_the_suite(baseline, candidate, tokenizer, cfg: EvalConfig, setup: _Setup,

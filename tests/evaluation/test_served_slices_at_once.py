@@ -101,22 +101,17 @@ def suite():
     return [_take(s, 3) for s in load_suite("numbers-en,names-en,knowledge-en")]
 
 
-_servers: list[FakeServer] = []   # the last evaluation's, for a test whose evaluation raises
-
-
-def _evaluate(base, cand, tok, suite, at_once: int, monkeypatch, **server):
+def _evaluate(servers: tuple[FakeServer, FakeServer], tok, suite, at_once: int, monkeypatch):
     monkeypatch.setattr(api, "SLICES_AT_ONCE", at_once)
-    servers = FakeServer(base, **server), FakeServer(cand, **server)
-    _servers[:] = servers
-    result = evaluate_served(FakeServed(*servers, tok), tok, suite=suite, max_len=256, options=OPTS, progress=False,
-                             languages="en")
-    return result, servers
+    return evaluate_served(FakeServed(*servers, tok), tok, suite=suite, max_len=256, options=OPTS, progress=False,
+                           languages="en")
 
 
 def test_slices_scored_at_once_give_the_figures_of_one_at_a_time(base, tok, suite, monkeypatch):
     cand = fake_quant_linears(base, 4)
-    one, (b1, c1) = _evaluate(base, cand, tok, suite, 1, monkeypatch, pause_s=0.1)
-    many, (b3, c3) = _evaluate(base, cand, tok, suite, 3, monkeypatch, pause_s=0.1)
+    b1, c1, b3, c3 = (FakeServer(m, pause_s=0.1) for m in (base, cand, base, cand))
+    one = _evaluate((b1, c1), tok, suite, 1, monkeypatch)
+    many = _evaluate((b3, c3), tok, suite, 3, monkeypatch)
     # one slice at a time, the most in flight is one call's requests; at once, calls of several slices
     assert max(b1.most, c1.most) < min(b3.most, c3.most), (b1.most, c1.most, b3.most, c3.most)
     assert (b1.calls, c1.calls) == (b3.calls, c3.calls)
@@ -134,12 +129,13 @@ def test_slices_scored_at_once_give_the_figures_of_one_at_a_time(base, tok, suit
 def test_after_one_slice_fails_no_other_slice_goes_on_asking(base, tok, suite, monkeypatch):
     calls = iter(range(10**6))
     fifth = lambda prompt: next(calls) == 4   # noqa: E731  (slices are scoring side by side by then)
+    server = FakeServer(base, pause_s=0.05, fail_on=fifth)
     with pytest.raises(EngineError, match="HTTP 500"):
-        _evaluate(base, base, tok, suite, 3, monkeypatch, pause_s=0.05, fail_on=fifth)
+        _evaluate((server, FakeServer(base)), tok, suite, 3, monkeypatch)
     raised = time.monotonic()
     time.sleep(1.0)
     # the requests in flight ended; none started after the error reached the caller
-    assert _servers[0].last_call < raised and _servers[0].calls < 40, (_servers[0].calls, _servers[0].last_call - raised)
+    assert server.last_call < raised and server.calls < 40, (server.calls, server.last_call - raised)
     assert not any(t.is_alive() for t in threading.enumerate() if t.name.startswith("quantkit-slice"))
 
 

@@ -19,12 +19,13 @@ import hashlib
 import json
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, ContextManager, Mapping, Protocol
 
 import numpy as np
 
+from quantkit.common.concurrency import at_once
 from quantkit.common.crashpoints import kill_point
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, PairedRuns
@@ -89,16 +90,9 @@ def window_scores(choice: dict, prompt: list[int]) -> WindowScores:
     return WindowScores(target, ids, vals)
 
 
-def _in_parallel(fn: Callable, items: list, workers: int = REQUESTS_IN_FLIGHT) -> list:
-    """``[fn(x) for x in items]``, ``workers`` at a time; an error or Ctrl-C cancels what has not started."""
-    pool = ThreadPoolExecutor(max_workers=max(1, min(workers, len(items))))
-    try:
-        out = list(pool.map(fn, items))
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-    return out
+def _in_parallel(fn: Callable, items: list) -> list:
+    """``[fn(x) for x in items]``, ``REQUESTS_IN_FLIGHT`` at a time."""
+    return at_once([partial(fn, x) for x in items], REQUESTS_IN_FLIGHT, "quantkit-request")
 
 
 class ServedModel:
