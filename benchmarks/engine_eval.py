@@ -26,6 +26,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from quantkit.serving.capabilities import Capabilities  # noqa: E402
+
+
+def host() -> str:
+    """The CPU the engine ran on and whether it has AMX, as every engine figure names it."""
+    return Capabilities.from_cpuinfo(Path("/proc/cpuinfo").read_text()).describe()
 
 
 def quantkit(args: list, env: dict) -> tuple[subprocess.CompletedProcess, float]:
@@ -74,8 +82,10 @@ def run_one(recipe: str, args, env: dict) -> dict:
     _checked(res, f"eval {recipe}")
     engine = ["--engine", "vllm", *(["--engine-python", args.engine_python] if args.engine_python else [])]
     res, eng_s = quantkit(["eval", *common, *engine, "--out", out_eng, "--overwrite"], env)
-    _checked(res, f"eval --engine vllm {recipe}")
     own = json.loads((out_own / "report.json").read_text())
+    if res.returncode != 0:   # refused (the probe: too slow on this host) or failed: its one line is the figure
+        return {"recipe": recipe, "seconds_own": own_s, "seconds_engine": eng_s, "decision_own": own["verdict"]["decision"],
+                "engine_refused": (res.stderr.strip().splitlines() or ["no output"])[-1], "slices": []}
     eng = json.loads((out_eng / "report.json").read_text())
     return {"recipe": recipe, "seconds_own": own_s, "seconds_engine": eng_s, "time_ratio": eng_s / own_s,
             "decision_own": own["verdict"]["decision"], "decision_engine": eng["verdict"]["decision"],
@@ -83,6 +93,9 @@ def run_one(recipe: str, args, env: dict) -> dict:
 
 
 def table(result: dict) -> str:
+    if "engine_refused" in result:
+        return (f"### {result['recipe']}: in-process {result['decision_own']} in {result['seconds_own']:.0f} s, "
+                f"engine refused after {result['seconds_engine']:.0f} s: {result['engine_refused']}")
     lines = [f"### {result['recipe']}: in-process {result['decision_own']} in {result['seconds_own']:.0f} s, "
              f"engine {result['decision_engine']} in {result['seconds_engine']:.0f} s "
              f"(x{result['time_ratio']:.2f})", "",
@@ -116,7 +129,8 @@ def main() -> None:
         print(table(results[-1]), "\n", flush=True)
     if args.json:
         meta = {"command": " ".join(["python", "benchmarks/engine_eval.py", *sys.argv[1:]]),
-                "machine": f"{platform.machine()} {os.cpu_count()} cores", "date": time.strftime("%Y-%m-%d"),
+                "machine": f"{platform.machine()} {os.cpu_count()} cores", "host": host(),
+                "date": time.strftime("%Y-%m-%d"),
                 "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                          cwd=ROOT).stdout.strip()}
         args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")

@@ -67,7 +67,7 @@ def main() -> None:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=ROOT).stdout.strip()
         meta = {"command": " ".join(sys.argv), "machine": f"{platform.machine()}, {platform.processor() or ''}".strip(", "),
-                "date": time.strftime("%Y-%m-%d"), "commit": commit, "vllm": engine.vllm, "tokens": args.tokens}
+                "date": time.strftime("%Y-%m-%d"), "commit": commit, "vllm": engine.version, "host": engine.capabilities.describe(), "tokens": args.tokens}
         args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
 
 

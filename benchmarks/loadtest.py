@@ -1,5 +1,5 @@
-"""Benchmark: ``quantkit loadtest`` of the embedded SmolLM2 (float32) and its W8A8 checkpoint on
-vLLM's CPU build, with the bundled calibration log as traffic.
+"""Benchmark: ``quantkit loadtest`` of the embedded SmolLM2 and its W8A8 checkpoint on vLLM's CPU
+build (both in the dtype the host gives the checkpoint), with the bundled calibration log as traffic.
 
     python benchmarks/loadtest.py [--recipe w8a8] [--slo ttft=2s,tpot=100ms] [--max-minutes 12]
         [--work DIR] [--engine-python PATH] [--json benchmarks/loadtest_measured.json]
@@ -24,6 +24,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from quantkit.serving.capabilities import Capabilities  # noqa: E402
 
 
 def quantkit(args: list) -> tuple[subprocess.CompletedProcess, float]:
@@ -74,6 +77,7 @@ def main() -> None:
     if args.json:
         meta = {"command": "python benchmarks/loadtest.py " + " ".join(sys.argv[1:]),
                 "machine": f"{platform.machine()} {__import__('os').cpu_count()} cores",
+                "host": Capabilities.from_cpuinfo(Path("/proc/cpuinfo").read_text()).describe(),
                 "date": time.strftime("%Y-%m-%d"), "commit": _commit(), "seconds": seconds}
         args.json.write_text(json.dumps({"meta": meta, "report": data}, indent=1) + "\n")
 

@@ -6,7 +6,7 @@ import pytest
 
 import quantkit.config.sizes
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.plan import parse_bytes
+from quantkit.serving.memory_account import parse_bytes
 from quantkit.recipe import Recipe
 
 SPELLINGS = {"4096": 4096, "4096B": 4096, "60KB": 60 * 10**3, "2GB": 2 * 10**9, "2 gb": 2 * 10**9,

@@ -5,9 +5,8 @@ a GO / REVIEW / NO-GO verdict with reasons, the report, and the deployment plan.
 >>> evaluate(base, cand, tok, max_len=4096).save("out/eval")  # doctest: +SKIP
 """
 from quantkit.common.lazy import lazy_attributes
-# light, and eager on purpose: ``plan`` is also a submodule's name, which a lazy attribute would
-# lose to the module once anything imported quantkit.evaluation.plan
-from quantkit.evaluation.plan import Footprint, plan
+# the memory account lives with the serving engines (serving/memory_account.py); light, so eager
+from quantkit.serving.memory_account import Footprint, plan
 from quantkit.evaluation.verdict import Thresholds, Verdict, decide
 
 # The rest is imported when first used (PEP 562): the command line registers this package's

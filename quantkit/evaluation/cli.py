@@ -17,7 +17,7 @@ from quantkit.errors import QuantkitError
 from quantkit.common.outputs import OutputPolicy, existing_path, written_by
 from quantkit.common.jsonio import dumps_strict
 from quantkit.config.validation import check_flag
-from quantkit.evaluation.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
+from quantkit.serving.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
 from quantkit.evaluation.verdict import noise_text
 
 
@@ -75,7 +75,7 @@ def evaluate_paths(baseline: str | Path | None, candidate: str | Path, options: 
     from quantkit.evaluation.integrity import check_checkpoint
     from quantkit.evaluation.kv_options import candidate_kv
     from quantkit.evaluation.languages import language_gate
-    from quantkit.evaluation.plan import plan
+    from quantkit.serving.memory_account import plan
     from quantkit.evaluation.section import EvalSection, check_eval_section, suite_options
     from quantkit.evaluation.slices import load_suite
 
@@ -156,8 +156,8 @@ def _evaluate_in_engine(o: PathsOptions, base_dir: Path, cand_dir: Path, tok, re
     candidate for the path agreement."""
     from quantkit.evaluation.api import EvalConfig, evaluate_served
     from quantkit.evaluation.checkpoint import module_errors
-    from quantkit.evaluation.engine import served_models
-    from quantkit.evaluation.plan import plan
+    from quantkit.evaluation.served_pair import served_models
+    from quantkit.serving.memory_account import plan
 
     suite, source, max_len, section, suite_opts, gate = resolved
     served = served_models(o.engine, base_dir, cand_dir, tok, max_len, source, o.device)
@@ -316,7 +316,7 @@ def eval_command(
     engine_python: Optional[Path] = typer.Option(None, "--engine-python", help="The Python of the engine's own environment (default: $QUANTKIT_VLLM_PYTHON, else .venv-vllm/bin/python; scripts/setup-engine.sh builds it)."),
     endpoint: Optional[str] = typer.Option(None, "--endpoint", help="The candidate on an OpenAI-compatible server you run (http://host:port, #NAME after it to name the model); with --baseline-endpoint."),
     baseline_endpoint: Optional[str] = typer.Option(None, "--baseline-endpoint", help="The baseline on an OpenAI-compatible server you run."),
-    engine_dtype: str = typer.Option("auto", "--engine-dtype", help="dtype the engine runs (auto: float32 on the CPU, bfloat16 for int4 checkpoints there; the model's own on a GPU)."),
+    engine_dtype: str = typer.Option("auto", "--engine-dtype", help="dtype the engine runs (auto: from the host the engine runs on, per checkpoint format: docs/engine.md, hosts and dtypes)."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help=f"Log-probabilities per position the servers return; KL is estimated from them (default: {ENGINE_TOP_K} with --engine, {ENDPOINT_TOP_K} with --endpoint, vLLM's default cap)."),
     path_tokens: int = typer.Option(4096, "--path-tokens", help="Tokens per slice on which the engine's candidate is compared with quantkit's own path (0: no path agreement)."),
     lang: str = typer.Option(DEFAULT_LANG, "--lang", help="Language of report.md and report.html: en or zh (report.json is the same in both)."),
@@ -376,19 +376,18 @@ def _print_result(result, path: Path) -> None:
 
 
 def _emit(engine: str, fp, model: str) -> None:
-    """``--emit vllm``: the launch config as YAML, then as a command line (launch_config.py)."""
+    """``--emit ENGINE``: the engine's launch config as YAML, then as its command line (serving/)."""
     import yaml
 
-    from quantkit.evaluation.launch_config import command_line, vllm_launch
+    from quantkit.serving.registry import engine_kind
 
-    if engine != "vllm":
-        _fail(f"--emit: {engine!r}: expected vllm")
     try:
-        cfg = vllm_launch(fp, model)
+        kind = engine_kind(engine, "--emit")
+        cfg = kind.launch_config(fp, model)
     except QuantkitError as e:
         _fail(str(e))
     typer.echo(yaml.safe_dump(cfg, sort_keys=False).rstrip())
-    typer.echo(f"# {command_line(cfg)}")
+    typer.echo(f"# {kind.command_line(cfg)}")
 
 
 def plan_command(
@@ -403,7 +402,7 @@ def plan_command(
     emit: Optional[str] = typer.Option(None, "--emit", help="Print a launch config from the memory account instead: vllm (YAML for vllm serve --config, then the same as a command line)."),
 ):
     """Deployment footprint: weight bytes, KV bytes per token, and concurrency at a GPU size and context."""
-    from quantkit.evaluation.plan import BITS, WeightFormat, plan
+    from quantkit.serving.memory_account import BITS, WeightFormat, plan
 
     try:
         from quantkit.evaluation.checkpoint import resolve_dir

@@ -112,7 +112,7 @@ def run_tool(cmd: list[str], log: Path, timeout_s: float) -> float:
     whole session is killed; a failed run is an ``EngineError`` quoting its error line."""
     # the tokenizer is read from disk: no hub traffic, only the server's URL is ever contacted
     # the engine's Python has its own packages: a PYTHONPATH set for quantkit's environment would
-    # shadow them (seen: a namespace 'vllm' without __version__ in the tool)
+    # shadow them (seen: a namespace package of the engine's name, without __version__, in the tool)
     env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")},
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()

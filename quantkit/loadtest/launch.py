@@ -1,5 +1,5 @@
-"""The launch config a load test serves with: ``quantkit plan --emit vllm``'s, from the memory
-account (evaluation/launch_config.py), so the test measures the configuration a user would deploy.
+"""The launch config a load test serves with: ``quantkit plan --emit``'s, from the memory
+account (serving/memory_account.py) through the engine's own launch config (contract.py), so the test measures the configuration a user would deploy.
 
 The account's concurrency is the requests at ``max_model_len`` the KV cache holds. On a GPU the
 cache gets what the weights leave of ``gpu_mem`` x utilization. vLLM's CPU build gives it a fixed
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from quantkit.evaluation.launch_config import vllm_launch
-from quantkit.evaluation.plan import GiB, plan
+from quantkit.serving.contract import EngineKind
+from quantkit.serving.memory_account import GiB, plan
+from quantkit.serving.registry import DEFAULT_ENGINE, ENGINES
 
 
 
@@ -33,11 +34,12 @@ class Launch:
 
 
 def launch_for(model_dir: Path, max_model_len: int, *, cuda: bool, dtype: str, gpu_mem: str = "80GiB",
-               cpu_kv_cache_gib: int = 2) -> Launch:
-    """The launch config for serving ``model_dir`` at ``max_model_len`` (``dtype``: what the server runs)."""
+               cpu_kv_cache_gib: int = 2, kind: EngineKind | None = None) -> Launch:
+    """The launch config for serving ``model_dir`` at ``max_model_len`` with ``kind`` (default: the
+    default engine); ``dtype``: what the server runs."""
     kv = "fp32" if dtype in ("float32", "fp32") else "bf16" if dtype in ("bfloat16", "bf16") else "fp16"
     fp = plan(model_dir, gpu_mem=gpu_mem, max_len=max_model_len, kv=kv)
     if not cuda:
         fp = replace(fp, gpu_mem_bytes=cpu_kv_cache_gib * GiB, utilization=1.0,
                      concurrency=math.floor(cpu_kv_cache_gib * GiB / fp.kv_bytes_per_request))
-    return Launch(vllm_launch(fp, str(model_dir)), fp.concurrency)
+    return Launch((kind or ENGINES[DEFAULT_ENGINE]).launch_config(fp, str(model_dir)), fp.concurrency)

@@ -30,6 +30,8 @@ WORDS = Catalog({
                   "{eng} (max_num_seqs {seqs})",
                   "{role}：显存账本预测 {len} token 的请求可容纳 {pred} 个；引擎实际分配的 KV 缓存可容纳 {eng} 个"
                   "（max_num_seqs {seqs}）"),
+    "served_as": ("{role}: served in {dtype} on {host} ({reason}); probe {step} s a step (budget {budget} s)",
+                  "{role}：以 {dtype} 运行于 {host}；探测请求每步 {step} 秒（上限 {budget} 秒）"),
     "too_long": ("{role}: {n} drawn requests exceeded the served context ({len} tokens) and were not sent",
                  "{role}：抽取的请求中有 {n} 个超过服务上下文（{len} token），未发送"),
     "speedup": ("speedup of the candidate: {knee}x output tokens/s at the knee, {goodput}x best goodput under the SLO",
@@ -121,6 +123,10 @@ def summary_lines(data: dict, w: Words = WORDS.bind(DEFAULT_LANG)) -> list[str]:
         out[-1] += (w("ramp_tail", goodput=sig(r["best_goodput_rps"]), stopped=r["stopped"] or w("not_stopped"))
                     + ("" if r["complete"] else w("ramp_incomplete")))
         eng = r.get("engine") or {}
+        if eng.get("dtype_choice") and eng.get("probe"):
+            out.append(w("served_as", role=role, dtype=eng["dtype_choice"]["dtype"], host=eng.get("host", "-"),
+                         reason=eng["dtype_choice"]["reason"], step=sig(eng["probe"]["step_s"]),
+                         budget=sig(eng["probe"]["budget_step_s"])))
         if eng.get("predicted_concurrency") is not None:
             out.append(w("predicted", role=role, pred=eng["predicted_concurrency"], len=data["max_model_len"],
                          eng=sig(eng.get("max_concurrency")), seqs=eng["launch_config"]["max_num_seqs"]))

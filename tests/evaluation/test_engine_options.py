@@ -7,8 +7,8 @@ import json
 import pytest
 
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.engine import deployment_length
-from quantkit.evaluation.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
+from quantkit.serving.deployment import deployment_length
+from quantkit.serving.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
 
 
 def test_top_k_defaults_to_what_each_kind_of_server_returns():
@@ -45,18 +45,3 @@ def test_the_deployment_length_is_the_baselines_and_a_cap_below_it_is_refused(tm
         deployment_length(base, cand, 2048, "--max-len")
     with pytest.raises(QuantkitError, match="exceeds the baseline's"):
         deployment_length(cand, base, 2048, None)
-
-
-def test_int4_checkpoints_run_in_bfloat16_on_the_cpu_engine(tmp_path):
-    """vLLM's CPU WNA16 kernel has no float32 instantiation: quantkit picks bfloat16 for it there."""
-    from quantkit.serving.vllm import Engine, engine_dtype
-
-    cpu, gpu = Engine(tmp_path / "python", "0.32.0", "2.13.0+cpu", False), Engine(tmp_path / "python", "0.32.0", "2.13", True)
-    w4 = _model(tmp_path / "w4", 8192)
-    (w4 / "config.json").write_text(json.dumps({"quantization_config": {"format": "pack-quantized"}}))
-    fp8 = _model(tmp_path / "fp8", 8192)
-    (fp8 / "config.json").write_text(json.dumps({"quantization_config": {"format": "float-quantized"}}))
-    assert engine_dtype(cpu, w4, "auto") == "bfloat16"
-    assert engine_dtype(cpu, fp8, "auto") == "float32"
-    assert engine_dtype(gpu, w4, "auto") == "auto"
-    assert engine_dtype(cpu, w4, "float16") == "float16"

@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.launch_config import command_line, vllm_launch
-from quantkit.evaluation.plan import plan
+from quantkit.serving.vllm import command_line, launch_config as vllm_launch
+from quantkit.serving.memory_account import plan
 
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                  vocab_size=128256, intermediate_size=14336)
@@ -59,4 +59,4 @@ def test_the_command_prints_yaml_and_the_command_line(smollm2_dir):
     assert res.stdout.rstrip().splitlines()[-1] == "# " + command_line(cfg)
     bad = subprocess.run([sys.executable, "-m", "quantkit.cli", "plan", "--emit", "sglang"], capture_output=True,
                          text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.strip() == "error: --emit: 'sglang': expected vllm"
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --emit: 'sglang': expected one of vllm"

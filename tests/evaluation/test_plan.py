@@ -3,7 +3,7 @@ import json
 
 from typer.testing import CliRunner
 
-from quantkit.evaluation.plan import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes_at_bits
+from quantkit.serving.memory_account import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes_at_bits
 
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                  vocab_size=128256, intermediate_size=14336, torch_dtype="bfloat16")

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 import quantkit
 from quantkit.config.scheme import PRESETS
 from quantkit.evaluation.cli import _checkpoint_bits
-from quantkit.evaluation.plan import FIXED_GROUPS, plan
+from quantkit.serving.memory_account import FIXED_GROUPS, plan
 
 from model_factory import random_ids
 

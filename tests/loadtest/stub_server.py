@@ -16,6 +16,8 @@ the knee rule in loadtest/ramp.py looks for; behind a plain queue, time per toke
 ``die_after``: when request ``die_after + 1`` arrives the server stops, closing every open
 connection mid-stream and refusing new ones (a server that crashes mid-step).
 ``fail_every``: every that many-th request is answered HTTP 500.
+A request that does not ask to stream (quantkit's timed probe) gets a plain JSON answer after the
+same delays and is not counted among the requests.
 """
 from __future__ import annotations
 
@@ -81,8 +83,14 @@ class _Handler(BaseHTTPRequestHandler):
         if path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": f"no route {path}"}})
             return
-        number = self.server.arrived()
         t = self.server.timings
+        if not body.get("stream"):   # a plain answer (quantkit's timed probe): not one of the counted requests
+            n = int(body.get("max_tokens") or 16)
+            time.sleep(t.ttft_s + t.token_s * (n - 1))
+            self._json(200, {"choices": [{"index": 0, "text": " x" * n, "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": _prompt_tokens(body), "completion_tokens": n}})
+            return
+        number = self.server.arrived()
         if self.server.dead.is_set():
             self._cut()
             return

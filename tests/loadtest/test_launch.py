@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from quantkit.evaluation.plan import plan
+from quantkit.serving.memory_account import plan
 from quantkit.loadtest.launch import launch_for
 
 GIB = 2**30

@@ -73,3 +73,18 @@ def no_engine_left(marker: str, within_s: float = 30.0) -> list[str]:
             return []
         time.sleep(0.5)
     return engine_processes(marker)
+
+
+def held_out_traffic(path: Path, rows: int = 48) -> Path:
+    """A traffic log quantkit never calibrated on: prompt/completion rows cut from Python's own
+    documentation (pydoc_data.topics), prompts of 20 to about 400 words, replies of 10 to 80."""
+    from pydoc_data.topics import topics
+
+    texts = [" ".join(t.split()) for _, t in sorted(topics.items()) if len(t.split()) > 500]
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(rows):
+            words = texts[i % len(texts)].split()
+            n_prompt, n_reply = 20 + (i * 37) % 380, 10 + (i * 13) % 70
+            f.write(json.dumps({"prompt": "Explain this passage: " + " ".join(words[:n_prompt]),
+                                "completion": " ".join(words[n_prompt:n_prompt + n_reply])}) + "\n")
+    return path

@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import yaml
 
-from engine_helpers import ROOT, engine_processes, no_engine_left, quantkit, require_engine
+from engine_helpers import ROOT, engine_processes, held_out_traffic, no_engine_left, quantkit, require_engine
 from quantkit.serving.vllm import ServeOptions, find_engine, serve
 
 LOG = ROOT / "calibration" / "default.jsonl"
@@ -40,13 +41,14 @@ def test_vllm_starts_with_the_emitted_config(smollm2_dir, tmp_path):
 def test_a_short_real_ramp_reports_every_step(w8a8_checkpoint, tmp_path):
     require_engine()
     out = tmp_path / "lt"
-    res = quantkit("loadtest", w8a8_checkpoint, "--engine", "vllm", "--traffic", LOG, "--slo", "ttft=5s,tpot=200ms",
-                   "--max-concurrency", "2", "--min-requests", "4", "--max-model-len", "2048", "--out", out,
+    traffic = held_out_traffic(tmp_path / "held-out.jsonl")
+    res = quantkit("loadtest", w8a8_checkpoint, "--engine", "vllm", "--traffic", traffic, "--slo", "ttft=5s,tpot=200ms",
+                   "--max-concurrency", "4", "--min-requests", "4", "--max-model-len", "2048", "--out", out,
                    timeout=1200)
     assert res.returncode == 0, res.stderr[-3000:]
     data = json.loads((out / "report.json").read_text())
-    assert data["complete"] and [s["concurrency"] for s in data["steps"]] == [1, 2]
-    assert all(s["requests"] == 4 and s["errors"] == 0 for s in data["steps"])
+    assert data["complete"] and [s["concurrency"] for s in data["steps"]] == [1, 2, 4]
+    assert all(s["requests"] >= 4 and s["errors"] == 0 for s in data["steps"])
     for s in data["steps"]:
         for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
             assert s[key]["p50"] <= s[key]["p90"] <= s[key]["p99"]
@@ -56,7 +58,13 @@ def test_a_short_real_ramp_reports_every_step(w8a8_checkpoint, tmp_path):
     eng = data["engine"]
     assert eng["version"] == "0.32.0" and eng["quantization"] == "compressed-tensors"
     assert eng["launch_config"]["max_num_seqs"] == eng["max_num_seqs"]
-    # the memory account against what the engine allocated (float32 KV in its own CPU space)
+    # the dtype the host gives int8 weights, and why, in the report
+    host = find_engine().capabilities
+    assert eng["dtype"] == eng["dtype_choice"]["dtype"] == ("bfloat16" if host.amx else "float32")
+    assert eng["host"] == host.describe()
+    assert eng["dtype_choice"]["reason"] in (out / "report.md").read_text()
+    assert 0 < eng["probe"]["step_s"] < eng["probe"]["budget_step_s"]
+    # the memory account against what the engine allocated (KV in the served dtype, in its own CPU space)
     assert abs(eng["max_concurrency"] - eng["predicted_concurrency"]) < 1
     for direction in ("prompt", "output"):
         assert set(data["lengths"][direction]) >= {"p50", "p90", "p99", "mu", "sigma"}
@@ -88,6 +96,10 @@ def test_an_engine_killed_mid_run_leaves_an_incomplete_report(w8a8_checkpoint, t
     assert "incomplete report" in rest
     data = json.loads((out / "report.json").read_text())
     assert not data["complete"] and data["ramps"][0]["stopped"].startswith("the server failed")
+    # one line that quotes the engine's own last line and keeps its log
+    line = rest.strip().splitlines()[-1]
+    assert "the engine's last error: " in line and "(log: " in line, rest[-3000:]
+    assert Path(line.rsplit("(log: ", 1)[1].split(")")[0]).exists()
     assert [s["concurrency"] for s in data["steps"]] == [1]
     assert "INCOMPLETE" in (out / "report.md").read_text()
     assert not no_engine_left(str(w8a8_checkpoint))

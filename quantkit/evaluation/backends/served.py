@@ -98,10 +98,13 @@ def _in_parallel(fn: Callable, items: list) -> list:
 class ServedModel:
     """One model behind ``endpoint``: prompts of token ids scored and continued greedily."""
 
-    def __init__(self, endpoint: Endpoint, tokenizer, top_k: int, timeout_s: float = 1800.0) -> None:
+    def __init__(self, endpoint: Endpoint, tokenizer, top_k: int, timeout_s: float = 1800.0,
+                 failure_note: Callable[[], str] | None = None) -> None:
         self.endpoint, self.tokenizer, self.top_k, self.timeout_s = endpoint, tokenizer, top_k, timeout_s
         self.eos = tokenizer.eos_token_id
         self._closed = threading.Event()
+        # what a failed request adds, when quantkit started the server: the engine's own last error line
+        self.failure_note = failure_note
 
     def close(self) -> None:
         """No more requests: a slice still scoring in another thread fails at its next one (after
@@ -111,7 +114,12 @@ class ServedModel:
     def _completions(self, body: dict) -> dict:
         if self._closed.is_set():
             raise EngineError(f"{self.endpoint.flag}: the evaluation has stopped")
-        return self.endpoint.completions(body, self.timeout_s)
+        try:
+            return self.endpoint.completions(body, self.timeout_s)
+        except EngineError as e:
+            if self.failure_note is None or self._closed.is_set():
+                raise
+            raise EngineError(f"{e}{self.failure_note()}") from None
 
     def score(self, seqs: list[list[int]], k: int | None = None) -> list[WindowScores]:
         k = self.top_k if k is None else k

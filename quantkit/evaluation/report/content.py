@@ -326,8 +326,18 @@ def layer_summary(module_errors: dict[str, float]) -> list[tuple[int, int, float
     return out
 
 
-ENGINE_SETTINGS = ("engine", "version", "device", "dtype", "quantization", "kv_cache_dtype", "max_model_len",
-                   "enable_prefix_caching", "enable_chunked_prefill", "url")
+ENGINE_SETTINGS = ("engine", "version", "device", "host", "dtype", "dtype_reason", "probe_step_s", "quantization",
+                   "kv_cache_dtype", "max_model_len", "enable_prefix_caching", "enable_chunked_prefill", "url")
+
+
+def _engine_row(record: dict) -> dict:
+    """A server's record with the dtype's reason and the probe's step time as plain settings."""
+    out = dict(record)
+    if record.get("dtype_choice"):
+        out["dtype_reason"] = record["dtype_choice"]["reason"]
+    if record.get("probe"):
+        out["probe_step_s"] = f"{record['probe']['step_s']:.3f} (budget {record['probe']['budget_step_s']:g})"
+    return out
 
 
 def engine_section(data: dict, words) -> tuple[str, list[str], list[list[str]]] | None:
@@ -340,6 +350,6 @@ def engine_section(data: dict, words) -> tuple[str, list[str], list[list[str]]] 
     who = [w for w in ("baseline", "candidate") if w in eng]
     note = words("engine_note", kl=eng.get("kl", ""), tokens=eng.get("path_tokens"),
                  missing="; ".join(eng.get("not_measured") or [words("nothing")]))
-    rows = [[key, *(str(eng[w].get(key, "–")) for w in who)] for key in ENGINE_SETTINGS
-            if any(key in eng[w] for w in who)]
+    records = [_engine_row(eng[w]) for w in who]
+    rows = [[key, *(str(r.get(key, "–")) for r in records)] for key in ENGINE_SETTINGS if any(key in r for r in records)]
     return note, [words("th_setting"), *(words(f"th_{w}") for w in who)], rows

@@ -1,13 +1,14 @@
-"""The flags of ``quantkit eval`` that move the evaluation into a serving engine (engine.py),
-checked before anything starts. No engine, torch or HTTP import here: the CLI reads it at start."""
+"""The flags of ``quantkit eval`` that move the evaluation into a serving engine
+(evaluation/served_pair.py), checked before anything starts. No engine, torch or HTTP import here:
+the CLI reads it at start (the registry imports the engine kinds, which import nothing heavy)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
+from quantkit.serving.registry import engine_kind
 
-ENGINES = ("vllm",)
 # top-k log-probabilities per position the KL is estimated from (topk.py; benchmarks/RESULTS.md,
 # the top-k KL estimator: it reads low, less with more k: 8-bit candidates -8.7% at k = 20 and
 # -6.5% at 50, W4 -16% and -10%). The servers quantkit starts return 50 (--max-logprobs 50);
@@ -19,9 +20,9 @@ NOT_MEASURED = ("KV-cache options (--kv) beside the checkpoint's own: quantkit's
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """Where the models are served: ``engine`` ("vllm", started by quantkit) or the user's
+    """Where the models are served: ``engine`` (a registered engine, started by quantkit) or the user's
     ``endpoint`` and ``baseline_endpoint``; ``python``: the engine's interpreter
-    (``--engine-python``); ``dtype``: the engine's (auto: serving/vllm.py ``engine_dtype``);
+    (``--engine-python``); ``dtype``: the engine's (auto: capabilities.py ``serving_dtype``);
     ``top_k``: log-probabilities per position; ``path_tokens``: tokens a slice for the path
     agreement (0: none)."""
     engine: str | None = None
@@ -44,8 +45,8 @@ class EngineOptions:
 
     def check(self) -> None:
         """One line naming the flag for a combination that cannot run."""
-        if self.engine is not None and self.engine not in ENGINES:
-            raise QuantkitError(f"--engine: {self.engine!r}: expected one of {', '.join(ENGINES)}")
+        if self.engine is not None:
+            engine_kind(self.engine)
         if self.engine and (self.endpoint or self.baseline_endpoint):
             raise QuantkitError("--engine: give either --engine (quantkit starts the servers) or --endpoint and "
                                 "--baseline-endpoint (yours), not both")
@@ -53,7 +54,7 @@ class EngineOptions:
             missing = "--baseline-endpoint" if self.endpoint else "--endpoint"
             raise QuantkitError(f"{missing}: needed: the baseline and the candidate must both be served")
         if self.python is not None and not self.engine:
-            raise QuantkitError("--engine-python: only with --engine vllm")
+            raise QuantkitError("--engine-python: only with --engine")
         if self.top_k is not None and not 1 <= self.top_k <= 100:
             raise QuantkitError(f"--top-k: expected 1-100, got {self.top_k}")
         if self.path_tokens < 0:

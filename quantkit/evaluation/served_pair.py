@@ -1,11 +1,12 @@
-"""``quantkit eval --engine vllm`` / ``--endpoint``: the verdict taken where the model is served.
+"""``quantkit eval --engine ENGINE`` / ``--endpoint``: the baseline and the candidate as served.
 
-Two ways in: quantkit starts vLLM's OpenAI server itself (``EngineOptions.engine = "vllm"``), on
-127.0.0.1 and a free port, for the baseline and then the candidate (serving/vllm.py: healthy or
-its own error line, stopped with every process it made); or the user names two running
-OpenAI-compatible servers (``endpoint`` for the candidate, ``baseline_endpoint``). Either way
-the models are scored by backends/served.py and the candidate is also loaded in this process
-for the path agreement (measures/path.py), unless ``path_tokens`` is 0.
+Two ways in: quantkit starts the engine's servers itself through the engine contract
+(serving/contract.py: healthy or its own error line, stopped with every process it made), on
+127.0.0.1 and a free port, both in the dtype the host's capabilities give the candidate; or the
+user names two running OpenAI-compatible servers (``endpoint`` for the candidate,
+``baseline_endpoint``). Either way each server answers a timed probe before any slice
+(serving/probe.py), the models are scored by backends/served.py, and the candidate is also loaded
+in this process for the path agreement (measures/path.py), unless ``path_tokens`` is 0.
 """
 from __future__ import annotations
 
@@ -15,34 +16,21 @@ from pathlib import Path
 from typing import Iterator
 
 from quantkit.errors import QuantkitError
-from quantkit.inputs.model_folder import read_config_json
 from quantkit.evaluation.backends.served import ServedModel
 from quantkit.evaluation.backends.served_forced import PathCheck
 from quantkit.evaluation.checkpoint import load_model
 from quantkit.evaluation.models import pad_id
-from quantkit.evaluation.engine_options import NOT_MEASURED, EngineOptions
-from quantkit.serving.client import Endpoint
-from quantkit.serving.vllm import Engine, ServeOptions, Server, engine_dtype, find_engine
+from quantkit.serving.capabilities import DtypeChoice
+from quantkit.serving.client import EngineError, Endpoint
+from quantkit.serving.contract import Engine, EngineKind, ServeOptions, Server, failure_note
+from quantkit.serving.deployment import checkpoint_format, context_limit, deployment_length
+from quantkit.serving.engine_options import NOT_MEASURED, EngineOptions
+from quantkit.serving.probe import timed_probe
+from quantkit.serving.registry import engine_kind
 
-def _context_limit(folder: Path) -> int | None:
-    cfg = read_config_json(folder)   # a broken config.json is one line naming it, not a silent None
-    return (cfg.get("text_config") or cfg).get("max_position_embeddings")
-
-
-def deployment_length(base_dir: Path, cand_dir: Path, max_len: int | None, source: str | None) -> tuple[int, str]:
-    """The length the engine serves: ``max_len``, else the baseline's ``max_position_embeddings``;
-    refused in one line when either model's config caps the context below it (the engine would
-    refuse it or cut every prompt there)."""
-    base_limit = _context_limit(base_dir)
-    length = max_len if max_len is not None else base_limit
-    if length is None:
-        raise QuantkitError(f"--max-len: needed: {base_dir / 'config.json'} gives no max_position_embeddings")
-    for who, folder in (("baseline", base_dir), ("candidate", cand_dir)):
-        limit = _context_limit(folder)
-        if limit is not None and length > limit:
-            raise QuantkitError(f"{source or '--max-len'}: {length} exceeds the {who}'s max_position_embeddings "
-                                f"({limit}, {folder / 'config.json'}): the engine cannot serve the deployment length")
-    return length, source or "the baseline's max_position_embeddings"
+SLOW_INSTEAD = ("evaluate it in quantkit's own path (leave out --engine), or serve a format this host runs fast "
+                "(docs/engine.md, hosts and dtypes)")
+SLOW_INSTEAD_ENDPOINT = "serve it on a faster host or in another format, or leave out --endpoint"
 
 
 @dataclass
@@ -69,7 +57,7 @@ class _Models:
     def serve_len(self) -> int:
         """The servers' max_model_len: one more than the deployment length where both models allow
         it, so a window of the full length plus its one output token fits, as in quantkit's own path."""
-        limits = [x for x in (_context_limit(self.base_dir), _context_limit(self.cand_dir)) if x]
+        limits = [x for x in (context_limit(self.base_dir), context_limit(self.cand_dir)) if x]
         return self.max_len + 1 if all(x > self.max_len for x in limits) else self.max_len
 
     def path_check(self) -> PathCheck | None:
@@ -98,31 +86,44 @@ class _Models:
 
 
 @dataclass
-class VllmModels(_Models):
-    """Both models served by vLLM servers quantkit starts, one after the other."""
+class StartedModels(_Models):
+    """Both models served by servers quantkit starts with the engine ``kind``, in the dtype the
+    host gives the candidate (``dtype``), each probed before its pass."""
+    kind: EngineKind | None = None
     engine: Engine | None = None
-    dtype: str = "auto"
+    dtype: DtypeChoice | None = None
     _next: Server | None = None          # the candidate's server, started during the baseline's pass
 
     def _open(self, who: str) -> Iterator[ServedModel]:
-        opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype, max_logprobs=self.options.k,
-                            startup_timeout_s=self.options.startup_timeout_s)
+        opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype.dtype, dtype_reason=self.dtype.reason,
+                            max_logprobs=self.options.k, startup_timeout_s=self.options.startup_timeout_s)
         if who == "baseline" and not self.engine.cuda:
             # on the CPU the candidate's server starts while the baseline is scored (it is scored only after:
             # the passes still take turns); on a GPU, where one model's server takes the memory, it waits
-            self._next = Server(self.engine, self.cand_dir, opts)
-        server = self._next if who == "candidate" and self._next else Server(
-            self.engine, self.base_dir if who == "baseline" else self.cand_dir, opts)
+            self._next = self.kind.start(self.engine, self.cand_dir, opts)
+        folder = self.base_dir if who == "baseline" else self.cand_dir
+        server = self._next if who == "candidate" and self._next else self.kind.start(self.engine, folder, opts)
         try:
             s = server.ready()
-            self.record[who] = {**s.settings, "command": s.command}
-            yield ServedModel(s.endpoint, self.tokenizer, self.options.k)
-        except BaseException:
+            if who == "baseline" and self._next is not None:
+                self._probe("candidate", self._next.ready(), self.cand_dir)   # refused before the baseline's pass
+            probe = self._probe(who, s, folder)
+            self.record[who] = {**s.settings, "command": s.command, "probe": probe}
+            yield ServedModel(s.endpoint, self.tokenizer, self.options.k, failure_note=lambda: failure_note(server))
+        except BaseException as e:
             server.stop()
             if self._next is not None and self._next is not server:   # the candidate's, started early
                 self._next.stop()
+            if isinstance(e, EngineError) and "the engine's last error" not in str(e):
+                raise EngineError(f"{e}{failure_note(server)}") from None
             raise
         server.stop(clean=True)
+
+    def _probe(self, who: str, served, folder: Path) -> dict:
+        fmt = checkpoint_format(folder) or "unquantized"
+        what = (f"the {who} ({folder.name}, {fmt}) in {served.settings.get('dtype', self.dtype.dtype)} on "
+                f"{self.engine.capabilities.describe()}")
+        return timed_probe(served.endpoint, what, SLOW_INSTEAD).to_dict()
 
 
 @dataclass
@@ -138,8 +139,9 @@ class EndpointModels(_Models):
 
     def _open(self, who: str) -> Iterator[ServedModel]:
         ep = self.base_endpoint if who == "baseline" else self.cand_endpoint
+        probe = timed_probe(ep, f"the {who} at {ep.url} ({ep.model})", SLOW_INSTEAD_ENDPOINT).to_dict()
         self.record[who] = {"engine": "endpoint", "url": ep.url, "model": ep.model, "version": ep.version(),
-                            "max_model_len": ep.max_model_len}
+                            "max_model_len": ep.max_model_len, "probe": probe}
         yield ServedModel(ep, self.tokenizer, self.options.k)
 
 
@@ -151,9 +153,11 @@ def served_models(options: EngineOptions, base_dir: Path, cand_dir: Path, tokeni
     options.check()
     if options.engine:
         length, source = deployment_length(base_dir, cand_dir, max_len, source)
-        engine = find_engine(options.python)
-        return VllmModels(base_dir, cand_dir, tokenizer, options, length, source, device, engine=engine,
-                          dtype=engine_dtype(engine, cand_dir, options.dtype))
+        kind = engine_kind(options.engine)
+        engine = kind.find(options.python)
+        # the baseline runs in the candidate's dtype: the comparison measures the quantization, not two dtypes
+        return StartedModels(base_dir, cand_dir, tokenizer, options, length, source, device, kind=kind,
+                             engine=engine, dtype=kind.dtype(engine, cand_dir, options.dtype))
     base = Endpoint.connect(options.baseline_endpoint, flag="--baseline-endpoint")
     cand = Endpoint.connect(options.endpoint, flag="--endpoint")
     served = min((e.max_model_len for e in (base, cand) if e.max_model_len), default=None)
