@@ -25,7 +25,7 @@ from quantkit.serving.client import EngineError, Endpoint
 from quantkit.serving.contract import Engine, EngineKind, ServeOptions, Server, failure_note
 from quantkit.serving.deployment import checkpoint_format, context_limit, deployment_length
 from quantkit.serving.engine_options import NOT_MEASURED, EngineOptions
-from quantkit.serving.probe import timed_probe
+from quantkit.serving.probe import TooSlow, timed_probe
 from quantkit.serving.registry import engine_kind
 
 SLOW_INSTEAD = ("evaluate it in quantkit's own path (leave out --engine), or serve a format this host runs fast "
@@ -114,7 +114,7 @@ class StartedModels(_Models):
             server.stop()
             if self._next is not None and self._next is not server:   # the candidate's, started early
                 self._next.stop()
-            if isinstance(e, EngineError) and "the engine's last error" not in str(e):
+            if isinstance(e, EngineError) and not isinstance(e, TooSlow) and "the engine's last error" not in str(e):
                 raise EngineError(f"{e}{failure_note(server)}") from None
             raise
         server.stop(clean=True)

@@ -19,6 +19,7 @@ from typing import Iterator, Protocol
 from quantkit.serving.capabilities import Capabilities, DtypeChoice
 from quantkit.serving.client import EngineError, Endpoint
 from quantkit.serving.memory_account import Footprint
+from quantkit.serving.probe import TooSlow
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ def serve(kind: EngineKind, engine: Engine, model_dir: Path, opts: ServeOptions,
         yield server.ready()
     except EngineError as e:
         server.stop()
+        if isinstance(e, TooSlow) or "the engine's last error" in str(e):
+            raise
         raise EngineError(f"{e}{failure_note(server)}") from None
     except BaseException:
         server.stop()

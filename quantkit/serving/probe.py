@@ -24,6 +24,10 @@ STEP_BUDGET_S = 2.0
 PROBE_TIMEOUT_S = 45.0
 
 
+class TooSlow(EngineError):
+    """The engine answers, but too slowly on this host to run a pass: a refusal, not a failure."""
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     seconds: float
@@ -48,12 +52,12 @@ def timed_probe(endpoint: Endpoint, what: str, instead: str, budget_step_s: floa
     try:
         endpoint.completions(body, timeout_s)
     except EngineTimeout:
-        raise EngineError(f"{endpoint.flag}: {what}: no answer to a {steps}-step probe in {timeout_s:.0f} s "
+        raise TooSlow(f"{endpoint.flag}: {what}: no answer to a {steps}-step probe in {timeout_s:.0f} s "
                           f"(over {timeout_s / steps:.1f} s a step, budget {budget_step_s:g} s): the engine runs "
                           f"it impractically slowly on this host; {instead}") from None
     result = ProbeResult(time.perf_counter() - t0, steps)
     if result.step_s > budget_step_s:
-        raise EngineError(f"{endpoint.flag}: {what}: {result.step_s:.2f} s a step in a {steps}-step probe "
+        raise TooSlow(f"{endpoint.flag}: {what}: {result.step_s:.2f} s a step in a {steps}-step probe "
                           f"(budget {budget_step_s:g} s): the engine runs it impractically slowly on this host; "
                           f"{instead}")
     return result

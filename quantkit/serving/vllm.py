@@ -158,8 +158,9 @@ def kv_capacity(log_text: str) -> dict:
 
 
 def _last_error(log: Path) -> str:
+    """The log's last error line (a warning that mentions an error is not one), else its last line."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    errors = [ln.strip() for ln in lines if ERROR_LINE.search(ln)]
+    errors = [ln.strip() for ln in lines if ERROR_LINE.search(ln) and " WARNING " not in ln]
     return ((errors or lines or ["no output"])[-1])[:400]
 
 

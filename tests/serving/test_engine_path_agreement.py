@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from engine_helpers import convert_with, quantkit, report, require_engine, small_recipe
 
-WIDE = 1e4   # one head's V scale this many times the others': their values fall below FP8's normal range
+WIDE = 1e3   # one head's V scale this many times the others': their values fall to the bottom of FP8's range
 
 
 def _plant_wide_head_scales(ckpt) -> int:
@@ -29,17 +29,24 @@ def _plant_wide_head_scales(ckpt) -> int:
     return changed
 
 
+# W8A8 weights (the engine runs them fast on every CPU host, FP8 weights not on AMX hosts: docs/engine.md)
+# under the per-head FP8 KV cache of the shipped fp8-dynamic-kv-fp8-head recipe
+RECIPE = {"version": 1, "scheme": "W8A8", "ignore": ["lm_head"], "algorithm": {"name": "rtn"},
+          "kv_cache": {"num_bits": 8, "type": "float", "strategy": "attn_head", "symmetric": True}}
+
+
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
     require_engine()
-    ckpt = convert_with("fp8-dynamic-kv-fp8-head", tmp_path_factory.mktemp("kv") / "kv-head",
-                        "--num-samples", "8", "--max-seq-len", "256")
+    folder = tmp_path_factory.mktemp("kv")
+    (folder / "w8a8-kv-head.yaml").write_text(json.dumps(RECIPE))
+    ckpt = convert_with(str(folder / "w8a8-kv-head.yaml"), folder / "kv-head", "--num-samples", "8", "--max-seq-len", "256")
     assert _plant_wide_head_scales(ckpt) == 30   # SmolLM2: 30 layers
     return ckpt
 
 
 def test_wide_per_head_kv_scales_are_a_path_agreement_reason(planted, tmp_path):
-    # teacher-forced texts only: vLLM's CPU build serves FP8 weights with an FP8 KV cache slowly
+    # teacher-forced texts only: a few windows decide it
     recipe = small_recipe(tmp_path / "small.yaml", text_items=3, gen_prompts=0, extract_items=0)
     res = quantkit("eval", "--candidate", planted, "--suite", "numbers-en", "--max-len", "512",
                    "--recipe", recipe, "--engine", "vllm", "--out", tmp_path / "r")
