@@ -390,10 +390,29 @@ def _emit(engine: str, fp, model: str) -> None:
     typer.echo(f"# {kind.command_line(cfg)}")
 
 
+PLAN_DEFAULT_LEN = 8192
+
+
+def _plan_length(target: Path, asked: int | None) -> tuple[int, str | None]:
+    """The context ``plan`` accounts for: ``asked``, else 8192 capped at the model's own
+    ``max_position_embeddings``; with a note when what was asked goes past the model's."""
+    from quantkit.serving.deployment import context_limit
+
+    limit = context_limit(target.parent if target.is_file() else target)
+    if asked is None:
+        return (min(PLAN_DEFAULT_LEN, limit) if limit else PLAN_DEFAULT_LEN), None
+    if asked < 1:
+        raise QuantkitError(f"--max-len: expected 1 or more, got {asked}")
+    if limit and asked > limit:
+        return asked, (f"--max-len {asked} exceeds the model's max_position_embeddings ({limit}), as asked: vLLM "
+                       "refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, and the model was not trained that long")
+    return asked, None
+
+
 def plan_command(
     model: Optional[str] = typer.Argument(None, help="Model folder or config.json (default: the embedded SmolLM2-135M-Instruct)."),
     gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory, e.g. 80GiB, 24GB."),
-    max_len: int = typer.Option(8192, "--max-len", help="Context length per request."),
+    max_len: Optional[int] = typer.Option(None, "--max-len", help="Context length per request (default: 8192, or the model's max_position_embeddings when shorter)."),
     weights: Optional[str] = typer.Option(None, "--weights", help="Weight type after quantization: int4, int8, fp8, bf16..."),
     kv: str = typer.Option("fp16", "--kv", help="KV-cache type: fp16, bf16, fp8, int8, or a quantized-KV option as quantkit eval --kv names it (fp8-token-head, int8-kivi, fp8-tensor:k, ...)."),
     group_size: int = typer.Option(128, "--group-size", help="Group size for the scale overhead of 4-bit weights."),
@@ -411,12 +430,15 @@ def plan_command(
             from quantkit.kv_cache import kv_option
             option, kv = kv_option(kv), "fp16"
         target = model if model and Path(model).is_file() else resolve_dir(model)
+        max_len, note = _plan_length(Path(target), max_len)
         fp = plan(target, gpu_mem, max_len, weights=WeightFormat(weights, group_size), kv=kv,
                   utilization=utilization, kv_option=option)
     except QuantkitError as e:
         _fail(str(e))
     if emit is not None:
         _emit(emit, fp, str(model or target))
+        if note:
+            typer.echo(f"# note: {note}")
         return
     if as_json:
         typer.echo(dumps_strict(fp.to_dict(), indent=2))
@@ -430,3 +452,5 @@ def plan_command(
     typer.echo(f"KV cache ({fp.kv_dtype}): {fp.kv_bytes_per_token / 1024:g} KiB per token, "
                f"{fp.kv_bytes_per_request / gib:.3f} GiB per {fp.max_len}-token request{fixed}")
     typer.echo(f"concurrency at {fp.gpu_mem_bytes / gib:g} GiB x {fp.utilization:g}: {fp.concurrency} requests")
+    if note:
+        typer.echo(f"note: {note}")

@@ -160,6 +160,9 @@ def served_models(options: EngineOptions, base_dir: Path, cand_dir: Path, tokeni
                              engine=engine, dtype=kind.dtype(engine, cand_dir, options.dtype))
     base = Endpoint.connect(options.baseline_endpoint, flag="--baseline-endpoint")
     cand = Endpoint.connect(options.endpoint, flag="--endpoint")
+    if (base.url, base.model) == (cand.url, cand.model):
+        raise QuantkitError(f"--baseline-endpoint: the same server and model as --endpoint ({cand.url}, {cand.model}): "
+                            "the candidate would be compared with itself")
     served = min((e.max_model_len for e in (base, cand) if e.max_model_len), default=None)
     length = max_len if max_len is not None else served
     if length is None:

@@ -23,6 +23,9 @@ from quantkit.errors import QuantkitError
 from quantkit.loadtest.lengths import percentile
 from quantkit.loadtest.slo import KEYS, SLO
 
+# bounds on what a ramp is asked, so that every step is built and sent within memory and time
+MAX_CONCURRENCY = 4096
+MAX_REQUESTS_PER_STEP = 10_000
 FLAT = 0.10           # output throughput gained by the next step, below which it has flattened
 TPOT_GROWTH = 0.25    # TPOT P50 grown by the next step, above which latency pays for it
 TTFT_GROWTH = 1.0     # TTFT P50 grown by the next step (doubled), above which requests queue
@@ -106,8 +109,12 @@ class RampPolicy:
                                 f"({self.start})")
         if self.min_requests < 1 or self.per_slot < 1:
             raise QuantkitError("--min-requests: must be at least 1")
-        if self.max_seconds <= 0:
-            raise QuantkitError("--max-minutes: must be above 0")
+        if self.min_requests > MAX_REQUESTS_PER_STEP:
+            raise QuantkitError(f"--min-requests: {self.min_requests}: at most {MAX_REQUESTS_PER_STEP} a step")
+        if self.max_concurrency > MAX_CONCURRENCY:
+            raise QuantkitError(f"--max-concurrency: {self.max_concurrency}: at most {MAX_CONCURRENCY}")
+        if not math.isfinite(self.max_seconds) or self.max_seconds <= 0:
+            raise QuantkitError(f"--max-minutes: {self.max_seconds / 60:g}: must be a finite number above 0")
 
     def concurrencies(self) -> Iterator[int]:
         """1, 2, 4, ... up to ``max_concurrency`` (which is the last step even when not a power of two).

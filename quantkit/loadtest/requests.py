@@ -70,6 +70,11 @@ def round_trip_text(tokenizer: Any, ids: list[int]) -> str | None:
     return text if tokenizer(text)["input_ids"] == list(ids) else None
 
 
+# draws in a row that may all be too long for the served context before the stream gives up: at a
+# context where one request in a thousand fits, a step of 64 requests would need 64,000 draws
+MAX_DRAWS_PER_FIT = 1000
+
+
 class RequestStream:
     """Reproducible requests: the same seed gives the same requests in the same order, so a
     baseline and a candidate get exactly the same load.
@@ -92,13 +97,22 @@ class RequestStream:
         self._starts = random.Random(seed + 1)
 
     def _draw_lengths(self) -> Iterator[tuple[int, int]]:
+        """Length pairs that fit the served context; one line when ``MAX_DRAWS_PER_FIT`` draws in a
+        row do not (a context far below the traffic's lengths: the draw would never end)."""
         rng = random.Random(self.seed)
+        misses = 0
         while True:
             p = max(1, round(rng.lognormvariate(self.model.prompt.mu, self.model.prompt.sigma)))
             o = max(1, round(rng.lognormvariate(self.model.output.mu, self.model.output.sigma)))
             if p + o > self.model.max_model_len:
                 self.too_long += 1
+                misses += 1
+                if misses >= MAX_DRAWS_PER_FIT:
+                    raise QuantkitError(f"--max-model-len: {self.model.max_model_len} tokens: not one of "
+                                        f"{MAX_DRAWS_PER_FIT} requests drawn from the traffic's lengths fits the "
+                                        "served context")
                 continue
+            misses = 0
             yield p, o
 
     def _prompt(self, start: int, length: int) -> list[int] | str | None:

@@ -37,6 +37,9 @@ class SLO:
         return {f"{k}_ms": getattr(self, k) * 1000 for k in KEYS if getattr(self, k) is not None}
 
 
+MAX_BOUND_S = 24 * 3600.0   # a latency bound of a day or more bounds nothing (and 1e400 is infinite)
+
+
 def parse_slo(text: str, flag: str = "--slo") -> SLO:
     """``"ttft=2s,tpot=50ms"`` -> ``SLO(ttft=2.0, tpot=0.05)``.
 
@@ -57,8 +60,8 @@ def parse_slo(text: str, flag: str = "--slo") -> SLO:
         if key in bounds:
             raise QuantkitError(f"{flag}: {key} given twice")
         seconds = float(value) / (1000 if unit == "ms" else 1)
-        if seconds <= 0:
-            raise QuantkitError(f"{flag}: {key} must be above 0")
+        if not 0 < seconds < MAX_BOUND_S:
+            raise QuantkitError(f"{flag}: {key} must be above 0 and under {MAX_BOUND_S:g} s, got {value[:20]}{unit}")
         bounds[key] = seconds
     if not bounds:
         raise QuantkitError(f"{flag}: empty: name at least one bound, e.g. ttft=2s,tpot=50ms")

@@ -7,15 +7,19 @@ import json
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
+from pydantic import ValidationError
+
 from quantkit.errors import QuantkitError
+from quantkit.serving.answers import Completion, ModelList, first_problem
 
 
 # an answer larger than this is not one a completion, a model list or a health check gives: it is
 # refused rather than read into memory without end (a body that never ends)
-MAX_ANSWER_BYTES = 256 * 2**20
+MAX_ANSWER_BYTES = 64 * 2**20
 READ_CHUNK = 1 << 16
 
 
@@ -103,22 +107,30 @@ class Endpoint:
         base = url.rstrip("/")
         if base.endswith("/v1"):
             base = base[:-3]
-        if not base.startswith(("http://", "https://")):
-            raise EngineError(f"{flag}: {url}: expected an http:// or https:// URL")
+        parsed = urllib.parse.urlsplit(base) if base.startswith(("http://", "https://")) else None
+        try:
+            port_ok = parsed is not None and bool(parsed.hostname) and (parsed.port or 80) > 0
+        except ValueError:
+            port_ok = False
+        if not port_ok:
+            raise EngineError(f"{flag}: {url}: expected an http:// or https:// URL with a host (http://host:port)")
         try:
             listed = request(f"{base}/v1/models", timeout_s=30)
         except EngineError as e:
-            raise EngineError(f"{flag}: {e}") from None
-        data = listed.get("data") if isinstance(listed, dict) else None
-        if not data:
+            raise type(e)(f"{flag}: {e}") from None
+        if not isinstance(listed, dict) or not listed.get("data"):
             raise EngineError(f"{flag}: {base}/v1/models lists no model")
-        names = [m.get("id") for m in data]
+        try:
+            data = ModelList.model_validate(listed).data
+        except ValidationError as e:
+            raise EngineError(f"{flag}: {base}/v1/models: a malformed answer: {first_problem(e)}") from None
+        names = [m.id for m in data]
         if model is None and len(names) > 1:
             raise EngineError(f"{flag}: {base} serves several models ({', '.join(names)}): name one")
-        chosen = next((m for m in data if model in (None, m.get("id"))), None)
+        chosen = next((m for m in data if model in (None, m.id)), None)
         if chosen is None:
             raise EngineError(f"{flag}: {base} does not serve {model!r} (it serves {', '.join(names)})")
-        return cls(base, chosen["id"], chosen.get("max_model_len"), flag)
+        return cls(base, chosen.id, chosen.max_model_len, flag)
 
     def completions(self, body: dict, timeout_s: float = 600.0) -> dict:
         try:
@@ -127,6 +139,10 @@ class Endpoint:
             raise type(e)(f"{self.flag}: {e}") from None   # a timeout stays a timeout
         if not isinstance(answer, dict) or not answer.get("choices"):
             raise EngineError(f"{self.flag}: {self.url}/v1/completions: an answer without choices")
+        try:
+            Completion.model_validate(answer)
+        except ValidationError as e:
+            raise EngineError(f"{self.flag}: {self.url}/v1/completions: a malformed answer: {first_problem(e)}") from None
         return answer
 
     def version(self) -> str | None:

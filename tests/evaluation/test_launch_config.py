@@ -60,3 +60,24 @@ def test_the_command_prints_yaml_and_the_command_line(smollm2_dir):
     bad = subprocess.run([sys.executable, "-m", "quantkit.cli", "plan", "--emit", "sglang"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --emit: 'sglang': expected one of vllm"
+
+
+def test_the_emitted_length_stays_within_the_models_context_unless_asked(tmp_path):
+    """A 2048-context model: the launch config serves 2048 by default; a longer --max-len is
+    emitted only because it was asked, and the output says so."""
+    import json
+
+    folder = tmp_path / "short"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**LLAMA3_8B, "max_position_embeddings": 2048,
+                                                    "torch_dtype": "bfloat16"}))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "quantkit.cli", "plan", str(folder), "--emit", "vllm", *a],  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    plain = run()
+    assert plain.returncode == 0, plain.stderr
+    assert yaml.safe_load("\n".join(ln for ln in plain.stdout.splitlines() if not ln.startswith("#")))["max_model_len"] == 2048
+    assert "note:" not in plain.stdout
+    asked = run("--max-len", "100000")
+    assert asked.returncode == 0, asked.stderr
+    assert "max_model_len: 100000" in asked.stdout
+    assert "# note: --max-len 100000 exceeds the model's max_position_embeddings (2048), as asked" in asked.stdout

@@ -67,7 +67,10 @@ def _token_id(key: str) -> int:
     if not key.startswith("token_id:"):
         raise EngineError(f"the server lists tokens as text ({key!r}), not ids: it must support vLLM's "
                           "return_tokens_as_token_ids")
-    return int(key[len("token_id:"):])
+    digits = key[len("token_id:"):]
+    if not digits.isdigit() or int(digits) >= 2**31:
+        raise EngineError(f"the server lists a token id that is not one ({key[:40]!r})")
+    return int(digits)
 
 
 def _logprob(v) -> float:
@@ -75,11 +78,21 @@ def _logprob(v) -> float:
 
 
 def window_scores(choice: dict, prompt: list[int]) -> WindowScores:
-    """One choice of a ``/v1/completions`` answer with ``echo``, checked against its prompt."""
+    """One choice of a ``/v1/completions`` answer with ``echo`` (validated: serving/answers.py),
+    checked against its prompt: one finite log-probability for every token after the first."""
     lp = choice.get("logprobs") or {}
     tokens, n = lp.get("tokens") or [], len(prompt)
+    if not lp:
+        raise EngineError("the server returned no log-probabilities: it must support echo with logprobs "
+                          "(vLLM's /v1/completions does)")
+    if len(tokens) < n or len(lp.get("token_logprobs") or []) < n:
+        raise EngineError(f"the server scored {min(len(tokens), len(lp.get('token_logprobs') or []))} of the "
+                          f"prompt's {n} tokens")
     if [_token_id(t) for t in tokens[:n]] != list(prompt):
         raise EngineError("the server scored other tokens than the prompt's (it must take token ids as given)")
+    missing = [j for j, v in enumerate(lp["token_logprobs"][1:n], 1) if v is None]
+    if missing:
+        raise EngineError(f"the server gave no log-probability for prompt token {missing[0]} (of {n})")
     tops = (lp.get("top_logprobs") or [])[:n]
     m = max([len(t) for t in tops if t] or [1])
     ids, vals = np.full((n, m), -1, dtype=np.int64), np.full((n, m), -np.inf)
@@ -127,7 +140,10 @@ class ServedModel:
         def one(seq: list[int]) -> WindowScores:
             answer = self._completions({"prompt": seq, "echo": True, "logprobs": k, "max_tokens": 0,
                                         "temperature": 0, "return_tokens_as_token_ids": True})
-            return window_scores(answer["choices"][0], seq)
+            try:
+                return window_scores(answer["choices"][0], seq)
+            except EngineError as e:   # the answer's fault: name the server that gave it
+                raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url}/v1/completions: {e}") from None
         out = _in_parallel(one, seqs)
         kill_point("engine:scoring")
         return out
@@ -138,7 +154,10 @@ class ServedModel:
             answer = self._completions({"prompt": prompt, "max_tokens": 1, "logprobs": self.top_k,
                                         "temperature": 0, "return_tokens_as_token_ids": True})
             tops = (answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}]
-            return {_token_id(t): _logprob(v) for t, v in (tops[0] or {}).items()}
+            try:
+                return {_token_id(t): _logprob(v) for t, v in (tops[0] or {}).items()}
+            except EngineError as e:
+                raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url}/v1/completions: {e}") from None
         return _in_parallel(one, prompts)
 
     def generate(self, prompts: list[list[int]], n_tokens: int, stop: list[str] | None = None) -> list[list[int]]:
