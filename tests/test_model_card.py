@@ -54,7 +54,8 @@ def test_the_verdict_joins_the_card_and_nothing_doubles(tmp_path):
     (out / "eval" / "report.json").write_text(json.dumps({"verdict": verdict}))
     write_card(out)
     card = (out / "README.md").read_text()
-    assert "**REVIEW**" in card and "| numbers-en | REVIEW | numbers-en: kl_mean 0.07 > 0.06 |" in card
+    # the reason as Markdown text (its ">" an entity), as every cell of the card that may hold user text
+    assert "**REVIEW**" in card and "| numbers-en | REVIEW | numbers-en: kl_mean 0.07 &gt; 0.06 |" in card
     assert "| code-en | GO |  |" in card and "Not evaluated yet" not in card
     assert _front(card) == _front(before)                    # the same base model, terms and tags
     assert card.count(BASE_CARD_HEADING) == 1 and card.count("The base model's own words.") == 1
@@ -95,7 +96,7 @@ def test_the_chinese_card_has_the_same_front_matter_and_chinese_headings(tmp_pat
     assert front["base_model"] == "base" and front["library_name"] == "transformers"
     assert {"compressed-tensors", "quantkit", "w4a16", "pack-quantized"} <= set(front["tags"])
     assert front["license"] == "mit" and front["language"] == ["en", "zh"]
-    assert _headings(card) == ["# base：quantkit 量化版（w4a16-g64-gptq）", "## 使用方法", "## 评估结果",
+    assert _headings(card) == ["# `base`：quantkit 量化版（`w4a16-g64-gptq`）", "## 使用方法", "## 评估结果",
                                "## 基础模型的模型卡"]
     assert all(CJK.search(h) for h in _headings(card))
     assert "| 配方 | `w4a16-g64-gptq` |" in card and "组大小 64" in card and "| 校准数据 | 8 条样本" in card
@@ -119,7 +120,7 @@ def test_the_verdict_keeps_the_card_in_the_language_it_was_written_in(tmp_path):
     write_card(out)                                         # no language given: the card's own
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "结论为 **NO-GO**" in card and "| 切片 | 级别 | 首要原因 |" in card
-    assert "| numbers-en | NO-GO | numbers-en: kl_mean 0.2 > 0.1 |" in card and "尚未评估" not in card
+    assert "| numbers-en | NO-GO | numbers-en: kl_mean 0.2 &gt; 0.1 |" in card and "尚未评估" not in card
     assert _front(card) == _front(before) and card.count("The base model's own words.") == 1
     write_card(out)
     assert (out / "README.md").read_text(encoding="utf-8") == card
@@ -147,3 +148,31 @@ def test_convert_lang_zh_writes_the_card_in_chinese(tiny_llama, tmp_path):
     assert run.exit_code == 0, run.output
     card = (tmp_path / "out" / "README.md").read_text(encoding="utf-8")
     assert "## 使用方法" in card and "## Use it" not in card and _front(card)["library_name"] == "transformers"
+
+
+HOSTILE_NAMES = ["# heading", "<img src=x onerror=alert(1)>", "[click](javascript:alert(1))", "a`b``c", "x|y\nz",
+                 "![i](http://127.0.0.1/x.png)"]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_hostile_model_name_stays_text_in_the_card(name):
+    """A model folder or recipe named with Markdown or HTML reaches the card as code spans only:
+    no heading, no tag, no link, no image comes from it."""
+    from markdown_it import MarkdownIt
+
+    from quantkit.workflows.model_card import CardFacts, render
+
+    facts = CardFacts(base_model=name, recipe=name, groups=[], ignore=[name], kv_cache=None, shard_bytes=1,
+                      shards=1, calibration={}, verdict={"decision": "GO", "slices": {name: "GO"},
+                                                         "reasons": [{"slice": name, "text": name}]},
+                      base_body="", lang="en")
+    card = render(facts)
+    body = card.split("---\n", 2)[2]
+    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    children = [c for t in tokens for c in (t.children or [])]
+    assert not {t.type for t in tokens} & {"html_block"} and not [c for c in children if c.type == "image"]
+    # the only HTML is the card's own line break inside a cell
+    assert {c.content for c in children if c.type == "html_inline"} <= {"<br>"}
+    links = [c.attrs.get("href") for t in tokens for c in (t.children or []) if c.type == "link_open"]
+    assert all(str(h).startswith("https://") for h in links), links
+    assert sum(t.type == "heading_open" and t.tag == "h1" for t in tokens) == 1

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from quantkit.calibration.plots import SERIES, figure_series, png_base64
 from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog
-from quantkit.common.jsonio import dumps_strict
+from quantkit.common.jsonio import script_json
 from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.common.plotfonts import plot_language
 
@@ -179,8 +179,7 @@ def _figures_html(manifest: dict[str, Any], lang: str) -> list[str]:
         for name, series in figure_series(manifest).items():
             labelled = {**series, "title": shown(f"fig_{name}"), "unit": shown("unit"),
                         "legend": [shown(k) for k in SERIES]}
-            # Script content is not HTML-decoded by browsers: only "</" needs guarding.
-            data = dumps_strict(series, ensure_ascii=False, sort_keys=True).replace("</", "<\\/")
+            data = script_json(series, ensure_ascii=False, sort_keys=True)
             parts.append(f'<figure id="figure-{name}"><img alt="{html.escape(w(f"fig_{name}"))}" '
                          f'src="data:image/png;base64,{png_base64(labelled)}">'
                          f"<figcaption>{html.escape(w(f'fig_{name}'))}</figcaption>"

@@ -51,3 +51,18 @@ def nonfinite_warning(obj: Any, file: str, shown: int = 3) -> str | None:
 def dumps_strict(obj: Any, **kwargs: Any) -> str:
     """``json.dumps`` of ``finite(obj)`` that cannot write NaN or Infinity (``kwargs`` as ``json.dumps``'s)."""
     return json.dumps(finite(obj), allow_nan=False, **kwargs)
+
+
+# inside <script>, "<!--", "<script" and "</script" change how the HTML parser reads what follows
+# (script data's escaped states), whatever the JSON means; as \uXXXX escapes the same JSON holds no
+# "<", ">" or "&" at all (none can stand outside a string in JSON)
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
+def script_json(value, **kw) -> str:
+    r"""``value`` as JSON that is safe inside an HTML ``<script>`` element whatever its strings hold.
+
+    >>> print(script_json({"task": "<!--<script>"}))
+    {"task": "\u003c!--\u003cscript\u003e"}
+    """
+    return dumps_strict(value, **kw).translate(_SCRIPT_SAFE)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import html
 import re
 
-#: Markdown's own characters that would turn text into code or split a table cell; a backslash
-#: is doubled so that one ending the text cannot escape the cell's closing ``|``.
-_MARKUP = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`"})
+#: Markdown's own characters that would turn text into code, a link or an image (``[``, ``]``: a
+#: ``javascript:`` link needs them) or split a table cell; a backslash is doubled so that one
+#: ending the text cannot escape the cell's closing ``|``.
+_MARKUP = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]"})
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 

@@ -112,7 +112,10 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 2
             continue
         seen.add(key)
         if n["evaluated"] < rows_per_task:
-            item = business_item(row, record, tokenizer)
+            try:
+                item = business_item(row, record, tokenizer)
+            except TemplateFailed as e:
+                raise QuantkitError(f"--calib: {path}: {e}") from None
             n["evaluated"] += 1
             n["without_reply"] += not item["reply"]
             items.setdefault(task, []).append(item)
@@ -212,11 +215,19 @@ def field_aliases(record: dict) -> dict:
     return out
 
 
+class TemplateFailed(QuantkitError):
+    """The tokenizer's chat template raised on a row."""
+
+
 def business_item(row, record: dict, tokenizer: Any) -> dict:
     """A text item: the rendered row, the character spans scored, and the generation prompt."""
     item = {"id": f"row-{row.line}", "kind": "text"}
     if row.shape == "chat":
-        text, spans, reply, prompt = render_turns(tokenizer, clean_messages(record[FIELDS.messages]))
+        try:
+            text, spans, reply, prompt = render_turns(tokenizer, clean_messages(record[FIELDS.messages]))
+        except Exception as e:   # the model's own template code: whatever it raises, one line naming the row
+            raise TemplateFailed(f"line {row.line}: the model's chat template fails on this conversation "
+                                 f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
     elif row.shape == "prompt":
         prompt = record[FIELDS.prompt]
         text = prompt + (record.get(FIELDS.completion) or "")

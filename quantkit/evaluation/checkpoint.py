@@ -53,8 +53,22 @@ def load_tokenizer(*paths: Path):
 
     for p in paths:
         if (p / "tokenizer.json").exists() or (p / "tokenizer_config.json").exists():
-            return AutoTokenizer.from_pretrained(p)
+            tok = AutoTokenizer.from_pretrained(p)
+            _check_chat_template(tok, p)
+            return tok
     raise QuantkitError(f"{paths[0]}: no tokenizer files (tokenizer.json)")
+
+
+def _check_chat_template(tok, folder: Path) -> None:
+    """The model's chat template renders one user turn with the generation prompt (every task
+    prompt of the suite takes that form); a template that raises is one line naming the folder."""
+    if not getattr(tok, "chat_template", None):
+        return
+    try:
+        tok.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False, add_generation_prompt=True)
+    except Exception as e:   # the model's own template code: whatever it raises
+        raise QuantkitError(f"{folder}: the chat template fails on one user turn "
+                            f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
 
 
 def module_errors(ckpt: Path) -> dict[str, float] | None:

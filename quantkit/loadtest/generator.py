@@ -22,6 +22,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 from quantkit.errors import QuantkitError
 from quantkit.loadtest.requests import LoadRequest, round_trip_text
 from quantkit.serving.client import EngineError, request
-from quantkit.serving.processes import stop_session
+from quantkit.serving.processes import WATCHDOG, stop_session
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL = "vllm bench serve"
@@ -117,8 +118,10 @@ def run_tool(cmd: list[str], log: Path, timeout_s: float) -> float:
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, cwd=str(log.parent))
+        # under the watchdog: a quantkit killed outright (SIGKILL) takes the tool and what it started with it
+        proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--", *cmd], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                cwd=str(log.parent))
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

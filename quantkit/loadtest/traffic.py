@@ -17,7 +17,7 @@ from typing import Any
 from quantkit.calibration.io import read_log
 from quantkit.calibration.render import RowError, render_record
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.business import FIELDS, business_item, field_aliases
+from quantkit.evaluation.business import FIELDS, TemplateFailed, business_item, field_aliases
 
 
 @dataclass
@@ -51,7 +51,11 @@ def read_traffic(log: str | Path, tokenizer: Any) -> Traffic:
             raw.malformed.add(e.reason, line)
             continue
         out.rows += 1
-        item = business_item(row, record, tokenizer)
+        try:
+            item = business_item(row, record, tokenizer)
+        except TemplateFailed:   # counted with the rows that cannot be read, as the sampler counts them
+            raw.malformed.add("template_rejected", line)
+            continue
         prompt = item.get("gen_prompt")
         if not prompt:
             out.without_prompt += 1

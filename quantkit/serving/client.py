@@ -3,12 +3,13 @@
 naming the URL and what the server said."""
 from __future__ import annotations
 
+import http.client
 import json
+import select
 import socket
+import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -21,6 +22,7 @@ from quantkit.serving.answers import Completion, ModelList, first_problem
 # refused rather than read into memory without end (a body that never ends)
 MAX_ANSWER_BYTES = 64 * 2**20
 READ_CHUNK = 1 << 16
+POLL_S = 0.25   # how often a request waiting on its answer looks at its deadline and its cancel event
 
 
 class EngineError(QuantkitError):
@@ -31,22 +33,42 @@ class EngineTimeout(EngineError):
     """The server gave no whole answer within the request's deadline."""
 
 
-def _reason(e: Exception) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        try:
-            body = json.loads(e.read().decode("utf-8", "replace"))
-            msg = body.get("message") or (body.get("error") or {}).get("message") or body
-        except (ValueError, AttributeError):
-            msg = e.reason
-        return f"HTTP {e.code}: {' '.join(str(msg).split())[:300]}"
-    if isinstance(e, urllib.error.URLError):
-        return f"cannot connect ({e.reason})"
-    if isinstance(e, (socket.timeout, TimeoutError)):
-        return "no answer in time"
-    return f"{type(e).__name__}: {e}"
+class Cancelled(EngineError):
+    """The request was given up because its caller stopped (an error elsewhere, Ctrl-C, SIGTERM)."""
 
 
-def _read_within(r, url: str, deadline: float) -> bytes:
+def _http_error(code: int, raw: bytes) -> str:
+    try:
+        body = json.loads(raw.decode("utf-8", "replace"))
+        msg = body.get("message") or (body.get("error") or {}).get("message") or body
+    except (ValueError, AttributeError):
+        msg = raw.decode("utf-8", "replace") or "no message"
+    return f"HTTP {code}: {' '.join(str(msg).split())[:300]}"
+
+
+def _connection(url: str, timeout_s: float) -> tuple[http.client.HTTPConnection, str]:
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return cls(parts.hostname, parts.port, timeout=timeout_s), path
+
+
+def _wait_readable(conn: http.client.HTTPConnection, url: str, deadline: float,
+                   cancel: threading.Event | None) -> None:
+    """Until the server starts its answer: polled, so that ``cancel`` and the deadline are seen
+    within ``POLL_S`` however long the server takes to compute (no read is left hanging)."""
+    while True:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled(f"{url}: given up (the run has stopped)")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise EngineTimeout(f"{url}: no answer in time")
+        readable, _, _ = select.select([conn.sock], [], [], min(POLL_S, left))
+        if readable:
+            return
+
+
+def _read_within(r: http.client.HTTPResponse, sock: socket.socket, url: str, deadline: float) -> bytes:
     """The whole body, read before ``deadline`` (a total, not a per-read limit: a server that
     sends one byte every few seconds is cut off) and within ``MAX_ANSWER_BYTES``."""
     chunks, size = [], 0
@@ -54,9 +76,7 @@ def _read_within(r, url: str, deadline: float) -> bytes:
         left = deadline - time.monotonic()
         if left <= 0:
             raise EngineTimeout(f"{url}: no whole answer within the deadline")
-        sock = getattr(getattr(r.fp, "raw", None), "_sock", None)   # http.client keeps no public handle on it
-        if sock is not None:
-            sock.settimeout(left)
+        sock.settimeout(left)
         chunk = r.read1(READ_CHUNK)
         if not chunk:
             return b"".join(chunks)
@@ -66,23 +86,36 @@ def _read_within(r, url: str, deadline: float) -> bytes:
         chunks.append(chunk)
 
 
-def request(url: str, body: dict | None = None, timeout_s: float = 600.0) -> dict | str:
-    """GET ``url`` (or POST ``body`` as JSON) and read the whole answer within ``timeout_s``; the
-    JSON answer, else its text."""
+def request(url: str, body: dict | None = None, timeout_s: float = 600.0,
+            cancel: threading.Event | None = None) -> dict | str:
+    """GET ``url`` (or POST ``body`` as JSON) and read the whole answer within ``timeout_s``
+    (given up as soon as ``cancel`` is set); the JSON answer, else its text."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data, {"Content-Type": "application/json"} if data else {})
     deadline = time.monotonic() + timeout_s
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            text = _read_within(r, url, deadline).decode("utf-8", "replace")
+        conn, path = _connection(url, timeout_s)
+    except ValueError as e:
+        raise EngineError(f"{url}: not a URL ({e})") from None
+    try:
+        conn.request("GET" if data is None else "POST", path, data,
+                     {"Content-Type": "application/json"} if data is not None else {})
+        _wait_readable(conn, url, deadline, cancel)
+        sock = conn.sock   # the response keeps reading it after the connection lets go of it
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        r = conn.getresponse()
+        raw = _read_within(r, sock, url, deadline)
     except EngineError:
         raise
-    except (socket.timeout, TimeoutError) as e:
-        raise EngineTimeout(f"{url}: {_reason(e)}") from None
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        if isinstance(getattr(e, "reason", None), (socket.timeout, TimeoutError)):
-            raise EngineTimeout(f"{url}: {_reason(e.reason)}") from None
-        raise EngineError(f"{url}: {_reason(e)}") from None
+    except (socket.timeout, TimeoutError):
+        raise EngineTimeout(f"{url}: no answer in time") from None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        reason = f"cannot connect ({e.strerror or e})" if isinstance(e, ConnectionRefusedError) else f"{type(e).__name__}: {e}"
+        raise EngineError(f"{url}: {reason}") from None
+    finally:
+        conn.close()
+    if r.status >= 400:
+        raise EngineError(f"{url}: {_http_error(r.status, raw)}")
+    text = raw.decode("utf-8", "replace")
     try:
         return json.loads(text)
     except ValueError:
@@ -132,9 +165,9 @@ class Endpoint:
             raise EngineError(f"{flag}: {base} does not serve {model!r} (it serves {', '.join(names)})")
         return cls(base, chosen.id, chosen.max_model_len, flag)
 
-    def completions(self, body: dict, timeout_s: float = 600.0) -> dict:
+    def completions(self, body: dict, timeout_s: float = 600.0, cancel: threading.Event | None = None) -> dict:
         try:
-            answer = request(f"{self.url}/v1/completions", {"model": self.model, **body}, timeout_s)
+            answer = request(f"{self.url}/v1/completions", {"model": self.model, **body}, timeout_s, cancel)
         except EngineError as e:
             raise type(e)(f"{self.flag}: {e}") from None   # a timeout stays a timeout
         if not isinstance(answer, dict) or not answer.get("choices"):

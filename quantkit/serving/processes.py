@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -47,3 +49,14 @@ def stop_session(sid: int, grace_s: float = 10.0, spare: int | None = None) -> i
         while time.monotonic() < deadline and [p for p in session_members(sid) if p != spare]:
             time.sleep(0.1)
     return signalled
+
+
+WATCHDOG = Path(__file__).with_name("watchdog.py")
+
+
+def guard(folder: Path) -> subprocess.Popen:
+    """A watchdog (watchdog.py, in a session of its own) that removes the quantkit temporary
+    ``folder`` if this process dies without doing it itself (SIGKILL); it goes when this process goes."""
+    return subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()),
+                             "--remove", str(folder), "--"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)

@@ -38,11 +38,10 @@ from quantkit.serving.client import EngineError, Endpoint, request
 from quantkit.serving.contract import Engine, ServeOptions, Served
 from quantkit.serving.deployment import checkpoint_format, quantization_config
 from quantkit.serving.memory_account import Footprint
-from quantkit.serving.processes import session_members, stop_session
+from quantkit.serving.processes import WATCHDOG, session_members, stop_session
 
 NAME = "vllm"
 ROOT = Path(__file__).resolve().parents[2]
-WATCHDOG = Path(__file__).with_name("watchdog.py")
 # what the engine Python holds, read from its packages' metadata: importing vLLM itself costs 4-5 CPU
 # seconds, on the critical path of every command (a broken install fails at the server's start, with
 # its own error line); torch is imported only where its build could have CUDA. The host's
@@ -195,7 +194,9 @@ class Server:
         env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(opts.cpu_kv_cache_gib)),
                    PYTHONUNBUFFERED="1")
         with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--", *self.command],
+            # a quantkit killed outright leaves no log folder of its own behind (no error names it)
+            remove = ["--remove", str(self.log_dir)] if self.own_dir else []
+            self.proc = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), *remove, "--", *self.command],
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True, cwd=str(self.log_dir))
 

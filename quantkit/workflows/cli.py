@@ -56,6 +56,7 @@ def loadtest_command(
     """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
     knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
     from quantkit.loadtest import report
+    from quantkit.serving.processes import guard
     from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest
 
     policy = OutputPolicy("loadtest", {"traffic log": existing_path(traffic), "model": existing_path(model),
@@ -69,6 +70,7 @@ def loadtest_command(
                                max_model_len, gpu_mem, seed, overwrite)
         policy.check(out, overwrite)
         with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir:
+            guard(Path(workdir))   # removed even if this process is killed outright
             bar = StepBars(opts.policy)
             try:
                 data = loadtest(opts, step_runner(Path(workdir)), bar)

@@ -25,6 +25,7 @@ import yaml
 
 from quantkit.common import i18n
 from quantkit.common.i18n import LANGUAGES
+from quantkit.common.markdown import md_code, md_row
 from quantkit.config.safe_yaml import load_yaml_text
 
 CARD = "README.md"
@@ -136,8 +137,8 @@ class CardText:
 TEXTS: dict[str, CardText] = {
     "en": CardText(
         title="# {base}, quantized by quantkit ({recipe})",
-        intro="A [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) checkpoint of `{base}`, "
-              "written by `quantkit convert --recipe {recipe}`.",
+        intro="A [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) checkpoint of {base}, "
+              "written by {command}.",
         labels={"recipe": "Recipe", "quantized": "Quantized", "kept": "Kept in high precision", "kv": "KV cache",
                 "size": "Size on disk", "calibration": "Calibration"},
         nothing="nothing", weights="{targets}: {bits}-bit {type} weights, {sym}, {per}{size}; {acts}",
@@ -155,8 +156,8 @@ TEXTS: dict[str, CardText] = {
         base_card=BASE_CARD_HEADING),
     "zh": CardText(
         title="# {base}：quantkit 量化版（{recipe}）",
-        intro="`{base}` 的 [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) 格式 "
-              "checkpoint，由 `quantkit convert --recipe {recipe}` 生成。",
+        intro="{base} 的 [compressed-tensors](https://github.com/neuralmagic/compressed-tensors) 格式 "
+              "checkpoint，由 {command} 生成。",
         labels={"recipe": "配方", "quantized": "已量化", "kept": "保持原精度", "kv": "KV cache",
                 "size": "磁盘占用", "calibration": "校准数据"},
         nothing="无", weights="{targets}：{bits} bit {type}权重，{sym}，{per}{size}；{acts}",
@@ -212,7 +213,7 @@ def _verdict_lines(t: CardText, verdict: dict) -> list[str]:
         reasons.setdefault(r["slice"], r["text"])
     lines = [t.verdict.format(decision=verdict["decision"]), "", t.verdict_head, "|---|---|---|"]
     for name, level in verdict.get("slices", {}).items():
-        lines.append(f"| {name} | {level} | {reasons.get(name, '').replace('|', '/')} |")
+        lines.append(md_row([name, level, reasons.get(name, "")]))
     return lines
 
 
@@ -227,9 +228,9 @@ def _calibration_value(t: CardText, cal: dict) -> str:
 
 def _facts_table(t: CardText, f: CardFacts) -> list[str]:
     label = t.labels
-    lines = ["| | |", "|---|---|", f"| {label['recipe']} | `{f.recipe}` |"]
+    lines = ["| | |", "|---|---|", f"| {label['recipe']} | {md_code(f.recipe)} |"]
     lines += [f"| {label['quantized']} | {_weights_line(t, g)} |" for g in f.groups]
-    lines.append(f"| {label['kept']} | {', '.join(f'`{i}`' for i in f.ignore) or t.nothing} |")
+    lines.append(f"| {label['kept']} | {', '.join(md_code(i) for i in f.ignore) or t.nothing} |")
     if f.kv_cache:
         kv = f.kv_cache
         lines.append(f"| {label['kv']} | " + t.kv.format(bits=kv.get("num_bits"), type=t.types.get(kv.get("type"), kv.get("type")),
@@ -243,8 +244,9 @@ def _facts_table(t: CardText, f: CardFacts) -> list[str]:
 def render(f: CardFacts) -> str:
     """The card's text, in ``f.lang``: deterministic for the same facts."""
     t = TEXTS[f.lang]
-    lines = [t.title.format(base=f.base_model, recipe=f.recipe), "", t.intro.format(base=f.base_model, recipe=f.recipe),
-             ""]
+    # the names come from the user's folders and recipes: code spans, never markup (a heading, HTML, a link)
+    base, command = md_code(f.base_model), md_code(f"quantkit convert --recipe {f.recipe}")
+    lines = [t.title.format(base=base, recipe=md_code(f.recipe)), "", t.intro.format(base=base, command=command), ""]
     lines += _facts_table(t, f)
     lines += ["", t.use, "", "```bash", "vllm serve ./this-folder", "```", "",
               "```python", "from transformers import AutoModelForCausalLM",

@@ -131,3 +131,44 @@ def test_markdown_report_escapes_user_task_names(run):
     row = next(line for line in md.splitlines() if line.startswith("| &lt;script&gt;"))
     assert row.startswith("| &lt;script&gt;alert(1)&lt;/script&gt;\\|\\`x\\` |")
     assert row.replace("\\|", "").count("|") == 8   # the task table's 7 columns: still one cell each
+
+
+def test_html_report_keeps_its_structure_whatever_a_task_label_holds(run):
+    """A task label can hold anything: "<!--<script>" inside an embedded JSON block would put the
+    parser in script data's escaped state and swallow the figures after it. Every figure stays one
+    figure with its data readable as JSON."""
+    from html.parser import HTMLParser
+
+    from quantkit.calibration.report import report_html
+
+    res, _ = run
+    manifest = json.loads(json.dumps(res.manifest))
+    evil = "<!--<script></script>&amp;"
+    for t in manifest["tasks"]:
+        t["name"] = evil + t["name"]
+    manifest["task_source"]["source"] = {evil: 1}
+    page = report_html(manifest)
+
+    class Figures(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.figures, self.data, self._in = 0, [], False
+
+        def handle_starttag(self, tag, attrs):
+            self.figures += tag == "figure"
+            self._in = tag == "script"
+
+        def handle_endtag(self, tag):
+            self._in = False if tag == "script" else self._in
+
+        def handle_data(self, data):
+            if self._in:
+                self.data.append(data)
+
+    parser = Figures()
+    parser.feed(page)
+    assert parser.figures == page.count('<figure id="figure-') >= 2
+    parsed = [json.loads(d) for d in parser.data]
+    assert len(parsed) == parser.figures and evil in json.dumps(parsed, ensure_ascii=False)
+    # what a browser's HTML5 parser reacts to inside script data (Python's parser does not model it)
+    assert not [d for d in parser.data if "<!--" in d or "<script" in d.lower() or "</" in d]

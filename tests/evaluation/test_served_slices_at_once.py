@@ -32,7 +32,7 @@ class FakeServer:
         self.url, self.model_name, self.flag, self.max_model_len = "http://fake", "fake", "--endpoint", 256
         self.lock, self.in_flight, self.most, self.calls, self.last_call = threading.Lock(), 0, 0, 0, 0.0
 
-    def completions(self, body: dict, timeout_s: float = 600.0) -> dict:
+    def completions(self, body: dict, timeout_s: float = 600.0, cancel=None) -> dict:
         with self.lock:
             self.in_flight += 1
             self.calls += 1

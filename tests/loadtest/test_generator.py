@@ -221,3 +221,35 @@ def test_vllm_receives_the_fitted_lengths_exactly(smollm2_dir, tmp_path):
     assert [t["prompt_tokens"] for t in step.timings] == [r.prompt_tokens for r in reqs]
     assert [t["output_tokens"] for t in step.timings] == [r.output_tokens for r in reqs]
     assert all(0 < t["ttft"] < t["e2e"] and t["tpot"] > 0 and math.isfinite(t["itl_max"]) for t in step.timings)
+
+
+def test_a_loadtest_killed_outright_leaves_no_tool_and_no_work_folder(smollm2_dir, tmp_path):
+    """SIGKILL of ``quantkit loadtest`` mid-step (nothing in it can react): the load generator and
+    what it started go with it (its watchdog), and so does the command's temporary work folder."""
+    import glob
+    import json
+    import tempfile
+
+    log = tmp_path / "log.jsonl"
+    log.write_text("".join(json.dumps({"prompt": "why " * (5 + i % 20), "completion": "because " * (3 + i % 9)}) + "\n"
+                           for i in range(40)))
+    pattern = os.path.join(tempfile.gettempdir(), "quantkit-loadtest-*")
+    before = set(glob.glob(pattern))
+    with StubServer(StubTimings(ttft_s=0.01, token_s=0.5)) as stub:
+        proc = subprocess.Popen([sys.executable, "-m", "quantkit.cli", "loadtest", str(smollm2_dir), "--endpoint",
+                                 stub.url, "--traffic", str(log), "--slo", "ttft=5s", "--max-concurrency", "2",
+                                 "--min-requests", "4", "--max-model-len", "2048", "--out", str(tmp_path / "lt")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while not stub.requests and time.monotonic() < deadline:   # the tool has started sending
+            time.sleep(0.2)
+        assert stub.requests, "the load generator never sent a request"
+        mine = set(glob.glob(pattern)) - before
+        assert len(mine) == 1 and _left(stub.url), (mine, _left(stub.url))
+        proc.kill()
+        proc.wait(timeout=30)
+        gone_by = time.monotonic() + 20
+        while (_left(stub.url) or any(os.path.exists(m) for m in mine)) and time.monotonic() < gone_by:
+            time.sleep(0.2)
+    assert not _left(stub.url), _left(stub.url)
+    assert not any(os.path.exists(m) for m in mine)

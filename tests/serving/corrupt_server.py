@@ -39,6 +39,7 @@ MODES = {
     "models-slow-loris": "/v1/models sends one byte a second, forever",
     "models-endless": "/v1/models body never ends",
     "hang": "a completion never answers",
+    "hang-scoring": "answers the probe, then never answers a scoring request (echo)",
 }
 
 
@@ -143,7 +144,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         mode = self.server.mode
         try:
-            if mode == "hang":
+            if mode == "hang" or (mode == "hang-scoring" and body.get("echo")):
                 self.server.stopping.wait(600)
                 return
             if mode == "error-500":

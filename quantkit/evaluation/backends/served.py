@@ -128,7 +128,7 @@ class ServedModel:
         if self._closed.is_set():
             raise EngineError(f"{self.endpoint.flag}: the evaluation has stopped")
         try:
-            return self.endpoint.completions(body, self.timeout_s)
+            return self.endpoint.completions(body, self.timeout_s, self._closed)
         except EngineError as e:
             if self.failure_note is None or self._closed.is_set():
                 raise
