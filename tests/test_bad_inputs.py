@@ -143,6 +143,14 @@ def config_not_json(w, tmp):
 
 
 @case
+def untied_config_without_its_head(w, tmp):
+    m = model_copy(w, tmp)
+    cfg = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    return convert(m, tmp), "tie_word_embeddings is false, but the checkpoint has no 'lm_head.weight'"
+
+
+@case
 def config_empty(w, tmp):
     m = model_copy(w, tmp)
     (m / "config.json").write_text("")

@@ -21,6 +21,10 @@ from quantkit.config.scheme import QuantArgs
 BAD = [
     ("rotate-not-first", "scheme: W4A16\nsteps: [awq, rotate, rtn]\n",
      "steps[1]: 'rotate' must be the first step (the other steps search on its result)"),
+    ("rotate-seed-2-64", "scheme: W4A16\nsteps: [{rotate: {seed: 18446744073709551616}}, rtn]\n",
+     "steps[0].rotate.seed: must be in [0, 2^63), or null, got 18446744073709551616"),
+    ("rotate-seed-negative", "scheme: W4A16\nsteps: [{rotate: {seed: -1}}, rtn]\n",
+     "steps[0].rotate.seed: must be in [0, 2^63), or null, got -1"),
     ("int-9-bits", "config_groups:\n  group_0:\n    weights: {num_bits: 9, group_size: 32}\n",
      "config_groups.group_0.weights.num_bits: int quantization supports 2..8 bits, got 9"),
     ("block-without-structure", "scheme: {weights: {num_bits: 8, type: float, strategy: block}}\n",

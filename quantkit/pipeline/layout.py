@@ -34,6 +34,7 @@ def check_layout(model: nn.Module, layers_path: str, config, source, config_file
     under ``layers_path`` the model has no place for; warn about computed buffers not written."""
 
     params = dict(model.named_parameters(remove_duplicate=False))
+    _check_head(model, params, config, source, config_file)
     for name, p in params.items():
         if name in source:
             fault = tensor_fault(name, p, *source.describe(name), config_file)
@@ -57,6 +58,19 @@ def check_layout(model: nn.Module, layers_path: str, config, source, config_file
     if computed:
         warn(f"{source.where(computed[0])}: {len(computed)} tensor{'s' if len(computed) > 1 else ''} the model "
              f"computes from its config (e.g. '{computed[0]}') not written")
+
+
+def _check_head(model: nn.Module, params: dict, config, source, config_file: str) -> None:
+    """An untied output head must be in the checkpoint: without it the converted model would
+    have none (transformers would draw one at random), which the evaluation then refuses."""
+    text = getattr(config, "text_config", None) or config
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+        return
+    name = next((n for n, p in params.items() if p is head.weight), None)
+    if name is not None and name not in source:
+        raise QuantkitError(f"{config_file}: tie_word_embeddings is false, but the checkpoint has no '{name}': "
+                            "the model would be written without its output head")
 
 
 def tensor_fault(name: str, expected: torch.Tensor, dtype: "torch.dtype | str", shape: tuple[int, ...],

@@ -77,17 +77,26 @@ class Shape:
     dtype: str
 
 
+def _count(cfg: dict, key: str) -> int:
+    """A positive whole number of ``cfg``'s, or one line naming the key and what it holds."""
+    if key not in cfg:
+        raise QuantkitError(f"config.json: missing key {key!r}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise QuantkitError(f"config.json: {key}: expected a positive whole number, got {str(value)[:40]!r}")
+    return value
+
+
 def shape_from_config(cfg: dict) -> Shape:
     """Model shape from a HF config dict (Llama-style decoders, incl. text_config wrappers)."""
     cfg = cfg.get("text_config", cfg)
-    try:
-        hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-        heads = cfg["num_attention_heads"]
-        vocab, inter = cfg["vocab_size"], cfg["intermediate_size"]
-    except KeyError as e:
-        raise QuantkitError(f"config.json: missing key {e.args[0]!r}") from None
-    kv = cfg.get("num_key_value_heads") or heads
-    hd = cfg.get("head_dim") or hidden // heads
+    hidden, layers, heads, vocab, inter = (_count(cfg, k) for k in ("hidden_size", "num_hidden_layers",
+                                                                  "num_attention_heads", "vocab_size",
+                                                                  "intermediate_size"))
+    kv = _count(cfg, "num_key_value_heads") if cfg.get("num_key_value_heads") is not None else heads
+    hd = _count(cfg, "head_dim") if cfg.get("head_dim") is not None else hidden // heads
+    if hd < 1:
+        raise QuantkitError(f"config.json: hidden_size {hidden} over {heads} heads leaves no head_dim")
     attn = hidden * heads * hd * 2 + hidden * kv * hd * 2
     mlp = 3 * hidden * inter
     quantizable = layers * (attn + mlp)
@@ -192,6 +201,8 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     """
     fmt = weights if isinstance(weights, WeightFormat) else WeightFormat(weights)
     group_size, symmetric = fmt.group_size, fmt.symmetric
+    if group_size is not None and (isinstance(group_size, bool) or group_size < 0):
+        raise QuantkitError(f"--group-size: expected 0 (one scale a channel) or more, got {group_size}")
     shape = shape_of(model)
     before = shape.dtype if shape.dtype in BITS else "bf16"
     after = fmt.type or before

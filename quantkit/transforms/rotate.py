@@ -14,6 +14,8 @@ from typing import ClassVar
 
 import torch
 
+from quantkit.errors import QuantkitError
+
 from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
 from quantkit.transforms.rotation import Rotations, matrices_of, rotate_layer, rotation_signs
 
@@ -29,6 +31,10 @@ class Rotate(Transform):
     residual: bool = True       # the residual stream (embedding, norms' readers, o_proj/down_proj rows, LM head)
     heads: bool = True          # each value head (v_proj rows, o_proj columns)
     seed: int | None = 0        # random signs of the Hadamard matrices; null for plain ones
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and not 0 <= self.seed < 2**63:   # what torch.Generator takes
+            raise QuantkitError(f"seed: must be in [0, 2^63), or null, got {str(self.seed)[:30]}")
 
     @property
     def rotations(self) -> Rotations:

@@ -1,9 +1,12 @@
 """Acceptance 5: the plan matches a hand calculation."""
 import json
 
+import pytest
 from typer.testing import CliRunner
 
-from quantkit.serving.memory_account import GiB, kv_bytes_per_token, parse_bytes, plan, weight_bytes_at_bits
+from quantkit.errors import QuantkitError
+from quantkit.serving.memory_account import (GiB, WeightFormat, kv_bytes_per_token, parse_bytes, plan,
+                                             weight_bytes_at_bits)
 
 LLAMA3_8B = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                  vocab_size=128256, intermediate_size=14336, torch_dtype="bfloat16")
@@ -80,3 +83,17 @@ def test_plan_with_a_quantized_kv_option():
     assert kivi.kv_bytes_per_token == 32 * 8 * ((128 + 128 * 4 / 32) + (128 + 4 * 4))
     assert kivi.kv_bytes_fixed == 32 * 8 * 128 * 2 * 128                   # the newest 128 keys, fp16
     assert kivi.kv_bytes_per_request == kivi.kv_bytes_per_token * 8192 + kivi.kv_bytes_fixed
+
+
+@pytest.mark.parametrize("key, value", [("hidden_size", "64"), ("hidden_size", float("nan")), ("num_attention_heads", 0),
+                                        ("vocab_size", -100), ("num_hidden_layers", -3), ("intermediate_size", True)])
+def test_a_config_value_that_is_not_a_count_is_named(key, value):
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100, intermediate_size=128)
+    with pytest.raises(QuantkitError, match=f"^config.json: {key}: expected a positive whole number"):
+        plan({**cfg, key: value})
+
+
+def test_a_negative_group_size_is_named():
+    cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100, intermediate_size=128)
+    with pytest.raises(QuantkitError, match="^--group-size: expected 0"):
+        plan(cfg, weights=WeightFormat("int4", group_size=-3))
