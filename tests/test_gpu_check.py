@@ -38,6 +38,9 @@ def test_dry_run_passes_every_stage(dry_run):
     assert [s["stage"] for s in doc["stages"]] == ["env", "tests", "kernels", "gptq", "eval"]
     assert all(s["rc"] == 0 and finite(s["seconds"]) for s in doc["stages"])
     assert doc["env"]["TRITON_INTERPRET"] == "1" and doc["env"]["imports"]["quantkit"] == "ok"
+    # the engine path this machine would take, as the engine contract reads the host (a CPU here)
+    serving = doc["env"]["serving"]
+    assert "AMX" in serving["host"] and serving["dtype"]["W4A16"] == "bfloat16" and not serving["fp8_tensor_cores"]
     t = doc["tests"]
     assert t["passed"] > 0 and t["failures"] == t["errors"] == 0, t
 

@@ -472,6 +472,9 @@ def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Se
                     cfg.variants or {})
     out = _Suite()
     with tqdm(total=len(setup.slices) * 2, desc=desc, disable=not cfg.progress, unit="step") as bar:
+        served = getattr(backend, "model", None)
+        if served is not None and hasattr(served, "on_answer"):   # a served pass: the bar moves with each answer
+            served.on_answer = lambda n: bar.set_postfix_str(f"{n} requests answered", refresh=n % 16 == 0)
         for sl, (got, seconds, cpu) in zip(setup.slices, _measured(setup.slices, backend, run, bar, at_once)):
             out.values[sl.name], out.examples[sl.name] = got.values, got.examples
             setup.warnings += got.warnings

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog, Words
 from quantkit.common.jsonio import dumps_strict
-from quantkit.common.markdown import md_row
+from quantkit.common.markdown import md_row, md_text
 from quantkit.common.outputs import OutputPolicy, ordinary_permissions
 from quantkit.common.plotfonts import plot_language
 
@@ -141,10 +141,11 @@ def summary_lines(data: dict, w: Words = WORDS.bind(DEFAULT_LANG)) -> list[str]:
 def markdown(data: dict, lang: str = DEFAULT_LANG) -> str:
     w = WORDS.bind(lang)
     slo = ", ".join(f"{k.removesuffix('_ms')} <= {sig(v)} ms" for k, v in data["slo"].items())
-    lines = [f"# {w('title')}", "", *(f"- {x}" for x in summary_lines(data, w)), "", w("slo", terms=slo), ""]
+    # the summary quotes what servers said (why a ramp stopped) and names hosts: text, never markup
+    lines = [f"# {w('title')}", "", *(f"- {md_text(x)}" for x in summary_lines(data, w)), "", w("slo", terms=slo), ""]
     for r in data["ramps"]:
         head, rows = step_rows(r, w)
-        lines += [f"## {w('steps', role=w(r['role']))}", "", w("tool", tool=r.get("tool") or "-"), "",
+        lines += [f"## {w('steps', role=w(r['role']))}", "", md_text(w("tool", tool=r.get("tool") or "-")), "",
                   md_row(head), md_row(["---"] * len(head)), *(md_row(x) for x in rows), ""]
     head, rows = length_rows(data, w)
     lines += [f"## {w('lengths')}", "", md_row(head), md_row(["---"] * len(head)),

@@ -147,3 +147,13 @@ def test_a_closed_model_sends_nothing_more(base, tok):
     with pytest.raises(EngineError, match="stopped"):
         model.generate([[5, 6, 7]], 2)
     assert server.calls == 1
+
+
+def test_every_answer_is_counted_for_the_progress_bar(base, tok):
+    """A pass's slices end together, late: the bar moves with each answer instead."""
+    model = ServedModel(FakeServer(base, pause_s=0.01), tok, 5)
+    told: list[int] = []
+    model.on_answer = told.append
+    model.score([[5, 6, 7, 8]] * 6)
+    model.generate([[5, 6, 7]] * 3, 2)
+    assert sorted(told) == list(range(1, 10)) and model.answered == 9

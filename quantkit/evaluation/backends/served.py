@@ -118,6 +118,10 @@ class ServedModel:
         self._closed = threading.Event()
         # what a failed request adds, when quantkit started the server: the engine's own last error line
         self.failure_note = failure_note
+        # told the count after every answer (the progress bar: a pass's slices end together, late)
+        self.on_answer: Callable[[int], None] | None = None
+        self.answered = 0
+        self._count = threading.Lock()
 
     def close(self) -> None:
         """No more requests: a slice still scoring in another thread fails at its next one (after
@@ -128,11 +132,16 @@ class ServedModel:
         if self._closed.is_set():
             raise EngineError(f"{self.endpoint.flag}: the evaluation has stopped")
         try:
-            return self.endpoint.completions(body, self.timeout_s, self._closed)
+            answer = self.endpoint.completions(body, self.timeout_s, self._closed)
         except EngineError as e:
             if self.failure_note is None or self._closed.is_set():
                 raise
             raise EngineError(f"{e}{self.failure_note()}") from None
+        with self._count:
+            self.answered += 1
+            if self.on_answer is not None:
+                self.on_answer(self.answered)
+        return answer
 
     def score(self, seqs: list[list[int]], k: int | None = None) -> list[WindowScores]:
         k = self.top_k if k is None else k
