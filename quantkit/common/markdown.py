@@ -34,6 +34,12 @@ def md_code(value: object) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
+def md_cell_code(value: object) -> str:
+    """``md_code`` for a table cell: GFM splits cells at every unescaped ``|``, code spans
+    included, so each is escaped (shown as ``|`` inside the span)."""
+    return md_code(value).replace("|", "\\|")
+
+
 def md_row(cells: "list | tuple") -> str:
     """One Markdown table row of ``cells``, each ``md_text``."""
     return "| " + " | ".join(md_text(c) for c in cells) + " |"

@@ -25,7 +25,7 @@ import yaml
 
 from quantkit.common import i18n
 from quantkit.common.i18n import LANGUAGES
-from quantkit.common.markdown import md_code, md_row
+from quantkit.common.markdown import md_cell_code, md_code, md_row
 from quantkit.config.safe_yaml import load_yaml_text
 
 CARD = "README.md"
@@ -228,9 +228,9 @@ def _calibration_value(t: CardText, cal: dict) -> str:
 
 def _facts_table(t: CardText, f: CardFacts) -> list[str]:
     label = t.labels
-    lines = ["| | |", "|---|---|", f"| {label['recipe']} | {md_code(f.recipe)} |"]
+    lines = ["| | |", "|---|---|", f"| {label['recipe']} | {md_cell_code(f.recipe)} |"]
     lines += [f"| {label['quantized']} | {_weights_line(t, g)} |" for g in f.groups]
-    lines.append(f"| {label['kept']} | {', '.join(md_code(i) for i in f.ignore) or t.nothing} |")
+    lines.append(f"| {label['kept']} | {', '.join(md_cell_code(i) for i in f.ignore) or t.nothing} |")
     if f.kv_cache:
         kv = f.kv_cache
         lines.append(f"| {label['kv']} | " + t.kv.format(bits=kv.get("num_bits"), type=t.types.get(kv.get("type"), kv.get("type")),

@@ -215,3 +215,32 @@ def test_without_a_chinese_font_the_plots_are_in_english_and_the_page_says_so(sa
     assert [i["alt"] for i in page.images] == ["各切片指标", "按位置的 KL", "逐模块误差"]
     assert "id='plot_language'" in render_html(data, images, "zh", drawn)
     assert "id='plot_language'" not in render_html(data, images, "zh", "zh")
+
+
+@pytest.mark.parametrize("text", ["# heading <img src=x onerror=alert(1)>", "[click](javascript:alert(1)) | x\ny",
+                                  "<!--<script></script>", "![i](http://127.0.0.1/x.png) `c`"])
+def test_both_reports_keep_user_and_server_text_as_text(saved, text):
+    """Slice names (the user's task labels), warnings (a server's own words) and the models' names
+    go into report.md and report.html as text: no element, link or image comes from them."""
+    from hostile_text import html_problems, markdown_problems
+
+    from quantkit.evaluation.report import markdown, plots, render_html
+
+    _, out = saved
+    data = json.loads((out / "report.json").read_text())
+    images, drawn = plots(data, "en")   # drawn from the clean figures: the words are what is checked
+    name = next(iter(data["slices"]))
+    data["slices"][f"business:{text}"] = data["slices"][name]
+    data["verdict"]["slices"][f"business:{text}"] = data["verdict"]["slices"][name]
+    data["warnings"] = [*data["warnings"], f"--endpoint: http://127.0.0.1:1/v1/completions: HTTP 500: {text}"]
+    for key in ("baseline", "candidate"):
+        if isinstance(data["meta"].get(key), str):
+            data["meta"][key] = text
+    assert markdown_problems(markdown(data)) == []
+    page = render_html(data, images, "en", drawn)
+    assert html_problems(page, {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "ul", "ol",
+                                "li", "table", "thead", "tbody", "tr", "th", "td", "img", "details", "summary", "div",
+                                "span", "code", "b", "strong", "em", "br", "a", "section", "figure", "figcaption",
+                                "small", "pre", "caption", "colgroup", "col", "sup", "sub", "svg", "script", "wbr"}) == []
+    assert page.count("<script") == (render_html(json.loads((out / "report.json").read_text()), images, "en", drawn)
+                                     .count("<script"))
