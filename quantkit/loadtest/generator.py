@@ -21,8 +21,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +110,17 @@ def _last_line(text: str) -> str:
     return ((errors or lines or ["no output"])[-1])[:400]
 
 
+def kept(log: Path) -> Path:
+    """A copy of ``log`` outside the step's work folder (removed when the command ends), for an
+    error that names it."""
+    folder = Path(tempfile.mkdtemp(prefix="quantkit-loadtest-log-"))
+    try:
+        shutil.copy2(log, folder / log.name)
+    except OSError:
+        return log
+    return folder / log.name
+
+
 def run_tool(cmd: list[str], log: Path, timeout_s: float) -> float:
     """Run the tool, its output to ``log``; its wall seconds. Past ``timeout_s`` or on Ctrl-C its
     whole session is killed; a failed run is an ``EngineError`` quoting its error line."""
@@ -127,7 +140,7 @@ def run_tool(cmd: list[str], log: Path, timeout_s: float) -> float:
         except subprocess.TimeoutExpired:
             stop_session(proc.pid, grace_s=2.0)
             proc.wait()
-            raise EngineError(f"{TOOL}: no result after {timeout_s:.0f} s: stopped (log: {log})") from None
+            raise EngineError(f"{TOOL}: no result after {timeout_s:.0f} s: stopped (log: {kept(log)})") from None
         except BaseException:
             stop_session(proc.pid, grace_s=2.0)
             proc.wait()
@@ -135,7 +148,7 @@ def run_tool(cmd: list[str], log: Path, timeout_s: float) -> float:
     if rc != 0:
         line = _last_line(log.read_text(errors="replace"))
         hint = "; bash scripts/setup-engine.sh installs it" if "No module named" in line else ""
-        raise EngineError(f"{TOOL} failed: {line} (log: {log}{hint})")
+        raise EngineError(f"{TOOL} failed: {line} (log: {kept(log)}{hint})")
     return time.monotonic() - start
 
 
@@ -219,7 +232,7 @@ def run_step(url: str, model: str, requests: list[LoadRequest], concurrency: int
     try:
         detail = json.loads(result.read_text())
     except (OSError, ValueError):
-        raise EngineError(f"{TOOL}: wrote no result ({_last_line(log.read_text(errors='replace'))}; log: {log})") from None
+        raise EngineError(f"{TOOL}: wrote no result ({_last_line(log.read_text(errors='replace'))}; log: {kept(log)})") from None
     if len(detail.get("start_times") or []) != len(requests):
         raise EngineError(f"{TOOL}: {result}: {len(detail.get('start_times') or [])} requests timed, "
                           f"{len(requests)} sent")

@@ -21,14 +21,15 @@ def _fail(msg: str, code: int = 2) -> None:
     raise typer.Exit(code=code)
 
 
-def step_runner(workdir: Path):
-    """The load generator behind each step (loadtest/generator.py), for one endpoint."""
+def step_runner(workdir: Path, python: Path | None = None):
+    """The load generator behind each step (loadtest/generator.py), for one endpoint; run from
+    ``python`` (``--engine-python``: with ``--endpoint`` too, the generator is vLLM's)."""
     from quantkit.loadtest.generator import run_step
 
     def runner_for(ep, model_dir):
         def run(requests, concurrency, left):
             r = run_step(ep.url, ep.model, requests, concurrency, timeout_s=left, workdir=workdir,
-                         tokenizer_dir=model_dir)
+                         tokenizer_dir=model_dir, python=python)
             return r.timings, r.seconds, r.tool
         return run
     return runner_for
@@ -73,7 +74,7 @@ def loadtest_command(
             guard(Path(workdir))   # removed even if this process is killed outright
             bar = StepBars(opts.policy)
             try:
-                data = loadtest(opts, step_runner(Path(workdir)), bar)
+                data = loadtest(opts, step_runner(Path(workdir), engine_python), bar)
             finally:
                 bar.close()
     except QuantkitError as e:

@@ -143,8 +143,11 @@ def test_a_model_the_server_does_not_serve_is_named(smollm2_dir, tmp_path):
 
 def test_a_python_without_the_tool_is_named(smollm2_dir, tmp_path):
     with StubServer() as stub:
-        with pytest.raises(EngineError, match=r"vllm bench serve failed: .*No module named 'vllm'.*setup-engine.sh"):
+        with pytest.raises(EngineError, match=r"vllm bench serve failed: .*No module named 'vllm'.*setup-engine.sh") as e:
             _step(stub.url, _requests(2), 1, tmp_path, smollm2_dir, python=sys.executable)
+    # the log the line names outlives the step's work folder (the command removes that one)
+    log = Path(str(e.value).split("(log: ", 1)[1].split(";")[0].rstrip(")"))
+    assert log.is_file() and tmp_path not in log.parents and "No module named" in log.read_text()
 
 
 def test_the_tool_is_stopped_at_its_timeout(smollm2_dir, tmp_path):

@@ -79,3 +79,15 @@ def test_a_ramp_against_the_stub_server_finds_its_knee(log, tmp_path):
     one = data["steps"][0]
     assert one["tpot_ms"]["p50"] == pytest.approx(20, rel=0.1) and one["ttft_ms"]["p50"] == pytest.approx(50, rel=0.5)
     assert data["engine"]["endpoint"] == url and data["ramps"][0]["tool"].startswith("vllm bench serve")
+
+
+def test_engine_python_is_the_generators_with_an_endpoint_too(log, tmp_path):
+    """--engine-python names the Python the load generator (vLLM's) runs from, also against a
+    server the user runs: a Python that is not there is named, not passed over."""
+    missing = tmp_path / "no-such-venv" / "bin" / "python"
+    with StubServer(StubTimings()) as stub:
+        res = _run("--traffic", log, "--slo", "ttft=2s", "--endpoint", stub.url, "--engine-python", missing,
+                   "--max-concurrency", "1", "--min-requests", "2", "--out", tmp_path / "out")
+    assert res.exit_code == 2, res.output
+    line = res.output.strip().splitlines()[-1]
+    assert line.startswith("error: ") and f"{missing}: not found" in line, line
