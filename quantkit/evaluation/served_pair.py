@@ -23,7 +23,7 @@ from quantkit.evaluation.models import pad_id
 from quantkit.serving.capabilities import DtypeChoice
 from quantkit.serving.client import EngineError, Endpoint
 from quantkit.serving.contract import Engine, EngineKind, ServeOptions, Server, failure_note
-from quantkit.serving.deployment import checkpoint_format, context_limit, deployment_length
+from quantkit.serving.deployment import checkpoint_format, context_limit, deployment_length, vocab_size
 from quantkit.serving.engine_options import NOT_MEASURED, EngineOptions
 from quantkit.serving.probe import TooSlow, timed_probe
 from quantkit.serving.registry import engine_kind
@@ -48,6 +48,12 @@ class _Models:
     @property
     def baseline_folder(self) -> Path:
         return self.base_dir
+
+    @property
+    def vocab(self) -> int | None:
+        """The larger of both models' ``vocab_size`` (None when a config does not say)."""
+        sizes = [vocab_size(d) for d in (self.base_dir, self.cand_dir)]
+        return max(sizes) if all(sizes) else None
 
     @property
     def max_window(self) -> int:
@@ -109,7 +115,8 @@ class StartedModels(_Models):
                 self._probe("candidate", self._next.ready(), self.cand_dir)   # refused before the baseline's pass
             probe = self._probe(who, s, folder)
             self.record[who] = {**s.settings, "command": s.command, "probe": probe}
-            yield ServedModel(s.endpoint, self.tokenizer, self.options.k, failure_note=lambda: failure_note(server))
+            yield ServedModel(s.endpoint, self.tokenizer, self.options.k, failure_note=lambda: failure_note(server),
+                              vocab=self.vocab)
         except BaseException as e:
             server.stop()
             if self._next is not None and self._next is not server:   # the candidate's, started early
@@ -142,7 +149,7 @@ class EndpointModels(_Models):
         probe = timed_probe(ep, f"the {who} at {ep.url} ({ep.model})", SLOW_INSTEAD_ENDPOINT).to_dict()
         self.record[who] = {"engine": "endpoint", "url": ep.url, "model": ep.model, "version": ep.version(),
                             "max_model_len": ep.max_model_len, "probe": probe}
-        yield ServedModel(ep, self.tokenizer, self.options.k)
+        yield ServedModel(ep, self.tokenizer, self.options.k, vocab=self.vocab)
 
 
 

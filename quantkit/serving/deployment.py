@@ -40,15 +40,28 @@ def deployment_length(base_dir: Path, cand_dir: Path, max_len: int | None, sourc
     return length, source or "the baseline's max_position_embeddings"
 
 
-def quantization_config(model_dir: Path) -> dict:
-    """``config.json``'s ``quantization_config`` ({} when unreadable or absent: the engine says why)."""
+def _config_or_empty(model_dir: Path) -> dict:
+    """``config.json`` as a dict, {} when unreadable (what reads it here has a default; the engine
+    or the evaluation names a broken config itself)."""
     try:
         cfg = json.loads((model_dir / "config.json").read_text())
     except (OSError, ValueError):
         return {}
-    return (cfg.get("quantization_config") or {}) if isinstance(cfg, dict) else {}
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def quantization_config(model_dir: Path) -> dict:
+    """``config.json``'s ``quantization_config`` ({} when unreadable or absent: the engine says why)."""
+    return _config_or_empty(model_dir).get("quantization_config") or {}
 
 
 def checkpoint_format(model_dir: Path) -> str | None:
     """The compressed-tensors format of ``model_dir`` (None: not quantized)."""
     return quantization_config(model_dir).get("format")
+
+
+def vocab_size(model_dir: Path) -> int | None:
+    """``vocab_size`` of a model folder (a vision-language model's text config's), None if absent."""
+    cfg = _config_or_empty(model_dir)
+    size = (cfg.get("text_config") or cfg).get("vocab_size")
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None

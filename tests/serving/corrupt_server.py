@@ -25,6 +25,7 @@ MODES = {
     "text-token-ids": "tokens as text, not token_id:N",
     "string-token-ids": "token ids as strings of letters",
     "huge-token-ids": "token ids of 10^12",
+    "foreign-token-ids": "top-k token ids of 10^9: past any vocabulary, within an int32",
     "list-top-logprobs": "top_logprobs entries as lists",
     "string-choices": "choices as a string",
     "empty-choices": "an empty choices list",
@@ -78,8 +79,9 @@ def _corrupt(mode: str, choice: dict, body: dict):
             lp["tokens"] = [f"word{j}" for j in range(len(lp["tokens"]))]
         elif mode == "string-token-ids":
             lp["tokens"] = ["token_id:abc"] * len(lp["tokens"])
-        elif mode == "huge-token-ids":
-            lp["top_logprobs"] = [None if t is None else {"token_id:1000000000000": -1.0} for t in lp["top_logprobs"]]
+        elif mode in ("huge-token-ids", "foreign-token-ids"):
+            big = 10**12 if mode == "huge-token-ids" else 10**9
+            lp["top_logprobs"] = [None if t is None else {f"token_id:{big}": -1.0} for t in lp["top_logprobs"]]
         elif mode == "list-top-logprobs":
             lp["top_logprobs"] = [None if t is None else list(t.items()) for t in lp["top_logprobs"]]
         elif mode == "other-tokens":

@@ -63,13 +63,16 @@ class WindowScores:
         return self.ids[np.arange(a, b), self.logprobs[a:b].argmax(axis=1)]
 
 
-def _token_id(key: str) -> int:
+def _token_id(key: str, vocab: int = 2**31) -> int:
     if not key.startswith("token_id:"):
         raise EngineError(f"the server lists tokens as text ({key!r}), not ids: it must support vLLM's "
                           "return_tokens_as_token_ids")
     digits = key[len("token_id:"):]
     if not digits.isdigit() or int(digits) >= 2**31:
         raise EngineError(f"the server lists a token id that is not one ({key[:40]!r})")
+    if int(digits) >= vocab:
+        raise EngineError(f"the server lists token {digits}, past the model's vocabulary ({vocab}): it serves "
+                          "another model")
     return int(digits)
 
 
@@ -77,7 +80,7 @@ def _logprob(v) -> float:
     return -math.inf if v is None else float(v)
 
 
-def window_scores(choice: dict, prompt: list[int]) -> WindowScores:
+def window_scores(choice: dict, prompt: list[int], vocab: int = 2**31) -> WindowScores:
     """One choice of a ``/v1/completions`` answer with ``echo`` (validated: serving/answers.py),
     checked against its prompt: one finite log-probability for every token after the first."""
     lp = choice.get("logprobs") or {}
@@ -98,7 +101,7 @@ def window_scores(choice: dict, prompt: list[int]) -> WindowScores:
     ids, vals = np.full((n, m), -1, dtype=np.int64), np.full((n, m), -np.inf)
     for j, top in enumerate(tops):
         for c, (key, v) in enumerate((top or {}).items()):
-            ids[j, c], vals[j, c] = _token_id(key), _logprob(v)
+            ids[j, c], vals[j, c] = _token_id(key, vocab), _logprob(v)
     target = np.array([math.nan] + [_logprob(v) for v in (lp.get("token_logprobs") or [])[1:n]])
     return WindowScores(target, ids, vals)
 
@@ -112,8 +115,10 @@ class ServedModel:
     """One model behind ``endpoint``: prompts of token ids scored and continued greedily."""
 
     def __init__(self, endpoint: Endpoint, tokenizer, top_k: int, timeout_s: float = 1800.0,
-                 failure_note: Callable[[], str] | None = None) -> None:
+                 failure_note: Callable[[], str] | None = None, vocab: int | None = None) -> None:
         self.endpoint, self.tokenizer, self.top_k, self.timeout_s = endpoint, tokenizer, top_k, timeout_s
+        # token ids past the model's vocabulary come from another model: refused, never scored
+        self.vocab = vocab or 2**31
         self.eos = tokenizer.eos_token_id
         self._closed = threading.Event()
         # what a failed request adds, when quantkit started the server: the engine's own last error line
@@ -150,7 +155,7 @@ class ServedModel:
             answer = self._completions({"prompt": seq, "echo": True, "logprobs": k, "max_tokens": 0,
                                         "temperature": 0, "return_tokens_as_token_ids": True})
             try:
-                return window_scores(answer["choices"][0], seq)
+                return window_scores(answer["choices"][0], seq, self.vocab)
             except EngineError as e:   # the answer's fault: name the server that gave it
                 raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url}/v1/completions: {e}") from None
         out = _in_parallel(one, seqs)
@@ -164,7 +169,7 @@ class ServedModel:
                                         "temperature": 0, "return_tokens_as_token_ids": True})
             tops = (answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}]
             try:
-                return {_token_id(t): _logprob(v) for t, v in (tops[0] or {}).items()}
+                return {_token_id(t, self.vocab): _logprob(v) for t, v in (tops[0] or {}).items()}
             except EngineError as e:
                 raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url}/v1/completions: {e}") from None
         return _in_parallel(one, prompts)
