@@ -11,7 +11,9 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def session_members(sid: int) -> list[int]:
@@ -54,9 +56,19 @@ def stop_session(sid: int, grace_s: float = 10.0, spare: int | None = None) -> i
 WATCHDOG = Path(__file__).with_name("watchdog.py")
 
 
-def guard(folder: Path) -> subprocess.Popen:
-    """A watchdog (watchdog.py, in a session of its own) that removes the quantkit temporary
-    ``folder`` if this process dies without doing it itself (SIGKILL); it goes when this process goes."""
-    return subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()),
-                             "--remove", str(folder), "--"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+@contextmanager
+def guarded(folder: Path) -> Iterator[Path]:
+    """``folder`` (a quantkit temporary folder) watched for the block: a watchdog (watchdog.py, in a
+    session of its own) removes it if this process dies without doing so itself (SIGKILL). Left
+    normally, the watchdog is stopped and the folder is the caller's to remove."""
+    dog = subprocess.Popen([sys.executable, str(WATCHDOG), str(os.getpid()), "--remove", str(folder), "--"],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)
+    try:
+        yield folder
+    finally:
+        dog.terminate()
+        try:
+            dog.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            dog.kill()

@@ -57,7 +57,7 @@ def loadtest_command(
     """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
     knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
     from quantkit.loadtest import report
-    from quantkit.serving.processes import guard
+    from quantkit.serving.processes import guarded
     from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest
 
     policy = OutputPolicy("loadtest", {"traffic log": existing_path(traffic), "model": existing_path(model),
@@ -70,8 +70,8 @@ def loadtest_command(
                                                              max_seconds=max_minutes * 60),
                                max_model_len, gpu_mem, seed, overwrite)
         policy.check(out, overwrite)
-        with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir:
-            guard(Path(workdir))   # removed even if this process is killed outright
+        # the work folder is removed even if this process is killed outright (guarded)
+        with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir, guarded(Path(workdir)):
             bar = StepBars(opts.policy)
             try:
                 data = loadtest(opts, step_runner(Path(workdir), engine_python), bar)

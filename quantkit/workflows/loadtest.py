@@ -31,7 +31,7 @@ from quantkit.serving.client import Endpoint, EngineError
 from quantkit.serving.contract import ServeOptions, serve
 from quantkit.serving.deployment import checkpoint_format, deployment_length
 from quantkit.serving.probe import timed_probe
-from quantkit.serving.processes import guard
+from quantkit.serving.processes import guarded
 from quantkit.serving.registry import engine_kind
 
 #: one step: (requests, concurrency, timeout) -> (per-request timings, wall seconds, tool name)
@@ -174,8 +174,8 @@ def served_target(opts: LoadtestOptions, role: str, model_dir: Path | None, endp
     choice = kind.dtype(engine, dtype_from or model_dir)
     launch = launch_for(model_dir, max_model_len, cuda=engine.cuda, dtype=choice.dtype, gpu_mem=opts.gpu_mem,
                         cpu_kv_cache_gib=CPU_KV_CACHE_GIB, kind=kind)
-    with tempfile.TemporaryDirectory(prefix="quantkit-launch-") as tmp:
-        guard(Path(tmp))   # removed even if this process is killed outright
+    # the folder is removed even if this process is killed outright (guarded)
+    with tempfile.TemporaryDirectory(prefix="quantkit-launch-") as tmp, guarded(Path(tmp)):
         # the server reads the emitted file itself: the load test runs the config a user would deploy
         config = launch.write(Path(tmp) / "launch.yaml")
         serve_opts = ServeOptions(max_model_len=max_model_len, dtype=choice.dtype, dtype_reason=choice.reason,

@@ -81,6 +81,30 @@ def test_a_ramp_against_the_stub_server_finds_its_knee(log, tmp_path):
     assert data["engine"]["endpoint"] == url and data["ramps"][0]["tool"].startswith("vllm bench serve")
 
 
+def test_a_finished_run_leaves_no_watchdog_behind(log, tmp_path):
+    """The work folder's watchdog goes with the run, so a long-lived process that runs many load
+    tests (the Python API, this test session) does not gather them."""
+    import os
+
+    def watchdogs() -> set[int]:
+        found = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(c.endswith(b"watchdog.py") for c in cmd) and str(os.getpid()).encode() in cmd:
+                found.add(int(pid))
+        return found
+
+    before = watchdogs()
+    with StubServer(StubTimings()) as stub:
+        res = _run("--traffic", log, "--slo", "ttft=2s", "--endpoint", stub.url, "--max-concurrency", "1",
+                   "--min-requests", "2", "--out", tmp_path / "out")
+    assert res.exit_code == 0, res.output
+    assert watchdogs() <= before
+
+
 def test_engine_python_is_the_generators_with_an_endpoint_too(log, tmp_path):
     """--engine-python names the Python the load generator (vLLM's) runs from, also against a
     server the user runs: a Python that is not there is named, not passed over."""
