@@ -243,16 +243,17 @@ def test_a_loadtest_killed_outright_leaves_no_tool_and_no_work_folder(smollm2_di
                                  stub.url, "--traffic", str(log), "--slo", "ttft=5s", "--max-concurrency", "2",
                                  "--min-requests", "4", "--max-model-len", "2048", "--out", str(tmp_path / "lt")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        tool = f"--base-url {stub.url} "   # the tool's own command line (a port is no prefix of another's)
         deadline = time.monotonic() + 120
         while not stub.requests and time.monotonic() < deadline:   # the tool has started sending
             time.sleep(0.2)
         assert stub.requests, "the load generator never sent a request"
         mine = set(glob.glob(pattern)) - before
-        assert len(mine) == 1 and _left(stub.url), (mine, _left(stub.url))
+        assert len(mine) == 1 and _left(tool), (mine, _left(tool))
         proc.kill()
         proc.wait(timeout=30)
         gone_by = time.monotonic() + 20
-        while (_left(stub.url) or any(os.path.exists(m) for m in mine)) and time.monotonic() < gone_by:
+        while (_left(tool) or any(os.path.exists(m) for m in mine)) and time.monotonic() < gone_by:
             time.sleep(0.2)
-    assert not _left(stub.url), _left(stub.url)
+    assert not _left(tool), _left(tool)
     assert not any(os.path.exists(m) for m in mine)
