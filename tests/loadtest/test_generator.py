@@ -231,18 +231,20 @@ def test_a_loadtest_killed_outright_leaves_no_tool_and_no_work_folder(smollm2_di
     what it started go with it (its watchdog), and so does the command's temporary work folder."""
     import glob
     import json
-    import tempfile
 
     log = tmp_path / "log.jsonl"
     log.write_text("".join(json.dumps({"prompt": "why " * (5 + i % 20), "completion": "because " * (3 + i % 9)}) + "\n"
                            for i in range(40)))
-    pattern = os.path.join(tempfile.gettempdir(), "quantkit-loadtest-*")
+    private = tmp_path / "tmp"   # the command's own temporary directory: nothing else running writes there
+    private.mkdir()
+    pattern = str(private / "quantkit-loadtest-*")
     before = set(glob.glob(pattern))
     with StubServer(StubTimings(ttft_s=0.01, token_s=0.5)) as stub:
         proc = subprocess.Popen([sys.executable, "-m", "quantkit.cli", "loadtest", str(smollm2_dir), "--endpoint",
                                  stub.url, "--traffic", str(log), "--slo", "ttft=5s", "--max-concurrency", "2",
                                  "--min-requests", "4", "--max-model-len", "2048", "--out", str(tmp_path / "lt")],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "TMPDIR": str(private)})
         tool = f"--base-url {stub.url} "   # the tool's own command line (a port is no prefix of another's)
         deadline = time.monotonic() + 120
         while not stub.requests and time.monotonic() < deadline:   # the tool has started sending
