@@ -99,6 +99,7 @@ class StartedModels(_Models):
     engine: Engine | None = None
     dtype: DtypeChoice | None = None
     _next: Server | None = None          # the candidate's server, started during the baseline's pass
+    _probed: dict = field(default_factory=dict)   # who -> the probe's figures, taken once per server
 
     def _open(self, who: str) -> Iterator[ServedModel]:
         opts = ServeOptions(max_model_len=self.serve_len, dtype=self.dtype.dtype, dtype_reason=self.dtype.reason,
@@ -111,9 +112,9 @@ class StartedModels(_Models):
         server = self._next if who == "candidate" and self._next else self.kind.start(self.engine, folder, opts)
         try:
             s = server.ready()
-            if who == "baseline" and self._next is not None:
-                self._probe("candidate", self._next.ready(), self.cand_dir)   # refused before the baseline's pass
-            probe = self._probe(who, s, folder)
+            if who == "baseline" and self._next is not None:   # refused before the baseline's pass
+                self._probed["candidate"] = self._probe("candidate", self._next.ready(), self.cand_dir)
+            probe = self._probed.get(who) or self._probe(who, s, folder)
             self.record[who] = {**s.settings, "command": s.command, "probe": probe}
             yield ServedModel(s.endpoint, self.tokenizer, self.options.k, failure_note=lambda: failure_note(server),
                               vocab=self.vocab)
