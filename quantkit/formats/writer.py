@@ -71,6 +71,11 @@ class ShardWriter:
         self._pending_bytes += n
         self.total_bytes += n
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of the tensors added and not yet in a shard (what the writer holds in memory)."""
+        return self._pending_bytes
+
     def end_unit(self) -> None:
         """Called after each layer: write the pending shard if it is large enough."""
         if self._pending_bytes >= self.flush_bytes:

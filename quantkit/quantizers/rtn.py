@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.config.scheme import fp4_kind
+from quantkit.config.scheme import QuantArgs, fp4_kind
 from quantkit.numerics.fp4 import dequantize_fp4, nvfp4_global_scale, quantize_fp4_weight
 from quantkit.numerics.primitives import dequantize, quantize_weight, sqnr_db
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
@@ -21,15 +21,20 @@ class RTN(Algorithm):
         out = {}
         shared = shared_global_scales(ctx)
         for name, (module, scheme) in ctx.targets.items():
-            w = module.weight.data
-            args = scheme.weights
-            if fp4_kind(args) is not None:
-                out[name] = _rtn_fp4(w, fp4_kind(args), shared.get(name))
-                continue
-            q, scale, zp = quantize_weight(w, args)
-            stats = {"sqnr_db": round(sqnr_db(w, dequantize(q, scale, zp, args)), 3)}
-            out[name] = QuantizedWeight(q, scale, zp, None, stats)
+            out[name] = rtn_weight(module.weight.data, scheme.weights, shared.get(name))
         return out
+
+
+def rtn_weight(w: torch.Tensor, args: QuantArgs, global_scale: torch.Tensor | None = None) -> QuantizedWeight:
+    """One weight rounded to nearest on ``args``' grid (``global_scale``: NVFP4's, shared with
+    its sub-group's siblings; None: its own). The model-free conversion calls it tensor by
+    tensor, so both paths give the same bytes."""
+    kind = fp4_kind(args)
+    if kind is not None:
+        return _rtn_fp4(w, kind, global_scale)
+    q, scale, zp = quantize_weight(w, args)
+    stats = {"sqnr_db": round(sqnr_db(w, dequantize(q, scale, zp, args)), 3)}
+    return QuantizedWeight(q, scale, zp, None, stats)
 
 
 def shared_global_scales(ctx: LayerContext) -> dict[str, torch.Tensor]:
@@ -45,9 +50,14 @@ def shared_global_scales(ctx: LayerContext) -> dict[str, torch.Tensor]:
         if len(members) < 2:
             continue
         weights = [ctx.targets[n][0].weight.data for n in members]
-        amax = torch.stack([w.abs().amax().to(weights[0].dtype) for w in weights]).amax()
-        out.update({n: nvfp4_global_scale(amax) for n in members})
+        out.update({n: shared_global_scale([w.abs().amax() for w in weights], weights[0].dtype) for n in members})
     return out
+
+
+def shared_global_scale(amaxes: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """NVFP4's global scale for linears whose largest magnitudes are ``amaxes`` (held in ``dtype``,
+    the first one's): a streaming caller reads each weight once for its amax, never all at once."""
+    return nvfp4_global_scale(torch.stack([a.to(dtype) for a in amaxes]).amax())
 
 
 def _rtn_fp4(w: torch.Tensor, kind: str, global_scale: torch.Tensor | None) -> QuantizedWeight:
