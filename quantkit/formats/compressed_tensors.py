@@ -23,6 +23,11 @@ from quantkit.numerics.fp4 import FP4Weight
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
 FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized", *FP4_FORMATS)
 
+#: Formats compressed-tensors decompresses to bfloat16 whatever the model's dtype: its FP4 unpacker
+#: returns bfloat16 codes and its E8M0 scale decoder bfloat16 scales, and the weight takes their
+#: dtype. The other formats decompress to their scale's dtype, which a reader casts to the model's.
+READER_BF16_FORMATS = (*FP4_FORMATS, "mxfp8-quantized")
+
 
 def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                     g_idx: torch.Tensor | None, scheme: QuantScheme, bias: torch.Tensor | None = None,
@@ -105,6 +110,16 @@ def quantization_config(groups: Mapping[str, QuantScheme], ignore: list[str],
         "sparsity_config": {},
         "version": CT_VERSION,
     }
+
+
+def checkpoint_dtype(formats: set[str], source_dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``config.json`` declares: the source's, unless a format's reference reader yields
+    bfloat16 weights, which a float32 or float16 model (``dtype="auto"``) could not multiply.
+
+    >>> checkpoint_dtype({"pack-quantized"}, torch.float32), checkpoint_dtype({"mxfp8-quantized"}, torch.float32)
+    (torch.float32, torch.bfloat16)
+    """
+    return torch.bfloat16 if formats & set(READER_BF16_FORMATS) else source_dtype
 
 
 def parse_quantization_config(qc: Mapping[str, Any], where: str = "config.json") -> tuple[dict[str, QuantScheme], list[str]]:

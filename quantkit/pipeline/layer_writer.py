@@ -11,7 +11,7 @@ from torch import nn
 from quantkit.steps import QuantizedWeight
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import UnfusedExperts
-from quantkit.formats.compressed_tensors import compress_module, quantization_config, scheme_for
+from quantkit.formats.compressed_tensors import checkpoint_dtype, compress_module, quantization_config, scheme_for
 from quantkit.formats.writer import ShardWriter
 from quantkit.common.jsonio import nonfinite_warning
 from quantkit.kv_cache import KVObserver
@@ -19,6 +19,7 @@ from quantkit.numerics.primitives import calculate_qparams
 from quantkit.numerics.fp4 import nvfp4_global_scale
 from quantkit.config.scheme import fp4_kind
 from quantkit.pipeline.coverage import coverage_lines
+from quantkit.pipeline.onload import config_dtype
 from quantkit.pipeline.resume import LayerLog
 from quantkit.pipeline.state import RunState
 from quantkit import __version__
@@ -78,6 +79,8 @@ def write_metadata(state: RunState) -> None:
     groups_used = {g: recipe.groups[g] for g in lg.groups}
     cfg["quantization_config"] = quantization_config(groups_used or recipe.groups, _ignored(state),
                                                      recipe.kv_cache.to_dict() if recipe.kv_cache else None)
+    cfg["dtype"] = str(checkpoint_dtype(set(lg.formats), config_dtype(state.config))).removeprefix("torch.")
+    cfg.pop("torch_dtype", None)
     warn = state.options.warn or state.options.log
     write_strict(state.writer, "config.json", cfg, warn)
     quant_log: dict[str, Any] = {
