@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
-from quantkit.arch.table import ARCHITECTURES, ArchSpec, MoESpec
+from quantkit.arch.spec import ArchSpec, MoESpec
+from quantkit.arch.table import ARCHITECTURES
 
 if TYPE_CHECKING:
     from quantkit.pipeline.coverage import Routing

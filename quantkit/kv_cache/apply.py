@@ -21,7 +21,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from quantkit.arch.table import ARCHITECTURES, arch_for
+from quantkit.arch.lookup import arch_for
+from quantkit.arch.spec import attention_of
+from quantkit.arch.table import ARCHITECTURES
 from quantkit.errors import QuantkitError
 from quantkit.kv_cache import kivi
 from quantkit.kv_cache.attention import PLAN_ATTR, base_of, register
@@ -71,7 +73,8 @@ class _Absmax:
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """Every decoder layer's attention module (the architecture table says where)."""
     spec = ARCHITECTURES.get(type(model).__name__) or arch_for(model.config)[1]
-    return [layer.get_submodule(spec.attention) for layer in model.get_submodule(spec.layers)]
+    found = [attention_of(layer, spec) for layer in model.get_submodule(spec.layers)]
+    return [m for m in found if m is not None]
 
 
 def prepare_kv(model: nn.Module, option: KVOption | str, calibration: Rows | Callable[[], Rows] | None = None

@@ -12,7 +12,7 @@ from typing import Callable, Iterable
 
 import torch
 from torch import nn
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
 from quantkit.pipeline.onload import build_skeleton
 from quantkit.errors import QuantkitError
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from quantkit.arch.experts import unfuse_model
+from quantkit.arch.meta import config_dtype  # noqa: F401  (the pipeline's name for it)
+from quantkit.arch.skeleton import build_skeleton  # noqa: F401
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -12,28 +13,6 @@ def get_module(root: nn.Module, path: str) -> nn.Module:
     for part in path.split("."):
         m = m[int(part)] if part.isdigit() else getattr(m, part)
     return m
-
-
-def build_skeleton(config) -> nn.Module:
-    """The model with parameters on the meta device and real (computed) buffers.
-
-    MoE experts are unfused into per-expert linears (``experts.py``): the checkpoint's names.
-    """
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
-
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
-    unfuse_model(model, config)
-    return model.eval()
-
-
-def config_dtype(config) -> torch.dtype:
-    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
-    if isinstance(d, str):
-        d = getattr(torch, d)
-    return d
 
 
 def materialize(module: nn.Module, prefix: str, source, device: str = "cpu", skip: str | None = None) -> None:

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
 from quantkit.errors import QuantkitError
 from quantkit.pipeline.onload import build_skeleton
 from quantkit.recipe import Recipe

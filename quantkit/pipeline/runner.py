@@ -32,7 +32,8 @@ from torch import nn
 
 from quantkit.common import distributed
 from quantkit.steps import LayerContext, QuantizedWeight
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
+from quantkit.arch.spec import attention_of
 from quantkit.common.crashpoints import kill_point
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import UnfusedExperts
@@ -223,8 +224,9 @@ def _onload(state: RunState, i: int) -> _Layer:
                   f"{state.budget / 2**20:.0f} MiB: experts onloaded {len(plan.chunks[0])} at a time")
     targets = {name: (m, state.recipe.groups[g]) for name, (m, g) in grouped.items()}
     kv = None
-    if state.recipe.kv_cache is not None:
-        kv = (get_module(module, state.spec.attention), KVObserver.for_scheme(state.recipe.kv_cache, state.num_tokens))
+    attention = attention_of(module, state.spec)
+    if state.recipe.kv_cache is not None and attention is not None:   # a hybrid's linear-attention layer has none
+        kv = (attention, KVObserver.for_scheme(state.recipe.kv_cache, state.num_tokens))
     ctx = layer_context(state, i, module, targets, kv)
     stream, routings = None, {}
     if plan is not None:

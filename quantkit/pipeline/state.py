@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from torch import nn
 
-from quantkit.arch.table import ArchSpec
+from quantkit.arch.spec import ArchSpec
 from quantkit.formats.writer import ShardWriter
 from quantkit.recipe import Recipe
 from quantkit.pipeline.finite import FiniteSource

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
+from quantkit.arch.spec import attention_of
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import unfuse_model
 from quantkit.formats.compressed_tensors import parse_quantization_config, scheme_for
@@ -68,9 +69,9 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         swapped += 1
     if kv_scheme is not None:
         _, spec = arch_for(plain)
-        for layer in model.get_submodule(spec.layers):
-            kv_heads = getattr(plain, "num_key_value_heads", None) or plain.num_attention_heads
-            register_scales(layer.get_submodule(spec.attention), kv_scheme, kv_heads, dtype, "meta")
+        kv_heads = getattr(plain, "num_key_value_heads", None) or plain.num_attention_heads
+        for attention in filter(None, (attention_of(layer, spec) for layer in model.get_submodule(spec.layers))):
+            register_scales(attention, kv_scheme, kv_heads, dtype, "meta")
     expected = dict(model.state_dict())
     state = {}
     for k in source.keys():

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
 from quantkit.pipeline.batches import make_chunks
 from quantkit.numerics.primitives import fake_quantize, weight_qparams
 from quantkit.recipe import Recipe

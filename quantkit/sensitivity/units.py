@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
 from quantkit.formats.compressed_tensors import group_for
 from quantkit.pipeline.onload import build_skeleton, config_dtype, get_module
 from quantkit.recipe import Recipe

@@ -33,7 +33,7 @@ from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
 from quantkit.config.validation import build_options
 
 if TYPE_CHECKING:
-    from quantkit.arch.table import ArchSpec
+    from quantkit.arch.spec import ArchSpec
 
 
 @dataclass
@@ -167,6 +167,7 @@ class Transform(Step):
 
     kind: ClassVar[str] = "transform"
     requires_calibration: ClassVar[bool] = True
+    folds_scales: ClassVar[bool] = False   # folds per-channel scales where the architecture's mappings say
 
     @abstractmethod
     def search(self, ctx: LayerContext) -> TransformResult:

@@ -43,11 +43,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
-from quantkit.arch.table import SmoothMapping
+from quantkit.arch.spec import SmoothMapping
 from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize, quantize_weight
 from quantkit.config.scheme import QuantArgs
@@ -186,6 +187,8 @@ def apply_clip(w: torch.Tensor, ratios: torch.Tensor, symmetric: bool) -> torch.
 @dataclass
 class AWQ(Transform):
     """Activation-aware scales per mapping and clip ranges per group (see the module docstring)."""
+
+    folds_scales: ClassVar[bool] = True
 
     grid: int = 20                  # ratios searched: r = 0, 1/grid, ..., (grid-1)/grid
     duo_scaling: bool = True        # s = x̄^r / w̄^(1-r); False: s = x̄^r

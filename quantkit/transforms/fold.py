@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.arch.table import SmoothMapping
+from quantkit.arch.spec import SmoothMapping
 from quantkit.errors import QuantkitError
 
 

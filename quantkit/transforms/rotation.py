@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from quantkit.arch.table import ArchSpec, SmoothMapping, _head_dim
+from quantkit.arch.spec import ArchSpec, SmoothMapping, _head_dim
 from quantkit.numerics.hadamard import hadamard_base, signed_hadamard, signs
 from quantkit.transforms.fold import smooth_channels
 
@@ -52,6 +52,9 @@ def rotation_problem(config, arch: ArchSpec, rotations: Rotations) -> tuple[str,
             return "residual", (f"hidden_size {config.hidden_size} is not a power of two times a Hadamard order "
                                 f"quantkit builds (numerics/hadamard.py)")
     if rotations.heads:
+        if not any(m.kv_heads is not None for m in arch.smooth_mappings):
+            return "heads", ("the model's value-to-output fold (value heads into o_proj's columns) is not known: "
+                             "a trace cannot show it, so a head rotation needs the family described in quantkit/arch/")
         d = _head_dim(config)
         if hadamard_base(d) is None:
             return "heads", f"head_dim {d} is not a power of two times a Hadamard order quantkit builds"

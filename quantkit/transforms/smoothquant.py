@@ -20,10 +20,11 @@ step's (RTN or GPTQ).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from quantkit.arch.table import SmoothMapping
+from quantkit.arch.spec import SmoothMapping
 from quantkit.errors import QuantkitError
 from quantkit.config.scheme import QuantArgs
 from quantkit.transforms.awq import fake_quantize_weight, minmax
@@ -54,6 +55,8 @@ def fake_quantize_input(x: torch.Tensor, args: QuantArgs, amax: torch.Tensor | N
 @dataclass
 class SmoothQuant(Transform):
     """Per-channel smoothing of W8A8 linears' inputs (see the module docstring)."""
+
+    folds_scales: ClassVar[bool] = True
 
     alpha: float = 0.5                    # migration strength when no grid is given
     alphas: list[float] | None = None     # a grid: each mapping takes the alpha with least W8A8 error

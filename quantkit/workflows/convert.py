@@ -50,7 +50,8 @@ from quantkit.sensitivity.search import SearchOptions, sensitivity_search
 import sys
 from quantkit.pipeline.onload import build_skeleton
 from quantkit.pipeline.rotated_source import check_rotation
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
+from quantkit.pipeline.fold_coverage import check_fold_coverage
 
 if TYPE_CHECKING:
     from quantkit.sensitivity.search import SearchOptions
@@ -532,6 +533,9 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
 
     if any(step.name == "rotate" for step in recipe.steps):
         check_rotation(config, arch_for(config)[1], recipe)
+    check_fold_coverage(*arch_for(config), recipe, warn)
+    if recipe.kv_cache is not None and arch_for(config)[1].attention is None:
+        raise QuantkitError(f"{recipe.origin}: kv_cache: {arch_for(config)[0]}: {arch_for(config)[1].kv_cache_blocked}")
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
     quantized = 0

@@ -134,7 +134,7 @@ def test_no_scaling_wins_where_every_scaled_grid_loses():
 
     from quantkit.transforms.awq import AWQ, fake_quantize_weight, minmax
     from quantkit.transforms.observe import ChannelStats
-    from quantkit.arch.table import SmoothMapping
+    from quantkit.arch.spec import SmoothMapping
     from quantkit.config.scheme import QuantArgs
 
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from quantkit.steps import LayerContext
-from quantkit.arch.table import arch_for
+from quantkit.arch.lookup import arch_for
 from quantkit.errors import QuantkitError
 from quantkit.pipeline import build_skeleton, build_steps
 from quantkit.pipeline.onload import dematerialize, get_module, materialize

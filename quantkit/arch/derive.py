@@ -1,0 +1,180 @@
+"""The architecture of a model quantkit has no entry for, derived from the model itself.
+
+Nothing here reads a projection's name. The decoder layers are the module list that holds
+``num_hidden_layers`` blocks of the language model; the linears, their true-sequential order
+and their sub-groups come from one traced forward (``trace.py``); smoothing/AWQ mappings are
+kept only where the traced data flow shows that per-channel scales fold away exactly, which is
+then checked numerically on the norm's own code. What a trace cannot show (a residual
+rotation's writers, packed-row masks) is not guessed: those features refuse the family.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from quantkit.arch.spec import ArchSpec, SmoothMapping
+from quantkit.arch.trace import LayerTrace, trace_layers
+from quantkit.errors import QuantkitError
+
+#: Ops that read a tensor without using its values (attribute access, dtype casts to itself).
+_NOT_READS = {"__get__", "size", "dim"}
+NO_ATTENTION = "its traced forward calls no attention function (softmax or scaled_dot_product_attention), so it has no KV cache to quantize"
+NO_ROTATION = ("quantkit derives no residual-stream writers from a traced forward (the residual add is no "
+               "module), so a residual rotation needs the family described in quantkit/arch/")
+
+
+def language_config(config):
+    """The text model's config (a vision-language config keeps it as ``text_config``)."""
+    text = getattr(config, "get_text_config", None)
+    return text() if callable(text) else config
+
+
+def find_layers(model: nn.Module, config) -> str:
+    """The path of the module list holding the language model's ``num_hidden_layers`` decoder layers.
+
+    Under a vision-language wrapper the vision tower has block lists too; the language model's
+    is the one inside ``get_decoder()`` where transformers names it, else the only candidate.
+    """
+    count = getattr(language_config(config), "num_hidden_layers", None)
+    found = [n for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) == count and n]
+    if len(found) > 1 and hasattr(model, "get_decoder"):
+        decoder = model.get_decoder()
+        inside = [n for n in found if any(m is decoder for m in _ancestors(model, n))]
+        found = inside or found
+    if len(found) != 1:
+        shown = ", ".join(found) if found else "none"
+        raise QuantkitError(f"{type(model).__name__}: cannot tell its decoder layers (module lists of "
+                            f"num_hidden_layers={count} blocks: {shown}); describe the family in quantkit/arch/")
+    return found[0]
+
+
+def _ancestors(model: nn.Module, path: str) -> Iterable[nn.Module]:
+    parts = path.split(".")
+    for i in range(len(parts)):
+        yield model.get_submodule(".".join(parts[:i]))
+
+
+def derive_spec(model: nn.Module, config) -> ArchSpec:
+    """An ``ArchSpec`` from ``model`` (a meta skeleton is enough) and one traced forward."""
+    layers_path = find_layers(model, config)
+    layers = model.get_submodule(layers_path)
+    traces = trace_layers(model, layers)
+    subgroups = _merge(tuple(tuple(names) for _, names in t.groups()) for t in traces)
+    mappings: list[SmoothMapping] = []
+    offsets: set[float] = set()
+    for layer, t in zip(layers, traces):
+        for m, offset in _norm_mappings(layer, t) + _product_mappings(t):
+            if m not in mappings:
+                mappings.append(m)
+                if offset is not None:
+                    offsets.add(offset)
+    if len(offsets) > 1:   # norms that fold differently in one model: keep the linear-to-linear mappings only
+        mappings = [m for m in mappings if isinstance(layers[0].get_submodule(m.smooth), nn.Linear)]
+    offset = offsets.pop() if len(offsets) == 1 else 0.0
+    attention = next((t.attention for t in traces if t.attention), None)
+    return ArchSpec(layers=layers_path, subgroups=subgroups, fused=tuple(g for g in subgroups if len(g) > 1),
+                    smooth_mappings=tuple(mappings), attention=attention, k_proj=None, v_proj=None,
+                    norm_weight_offset=offset, packed_calibration=False, residual_writers=(),
+                    residual_rotation_blocked=NO_ROTATION, derived=True,
+                    kv_cache_blocked="" if attention else NO_ATTENTION)
+
+
+def _merge(per_layer: Iterable[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...]:
+    """Every layer kind's sub-groups, in the order first seen; a name keeps its first group."""
+    out: list[tuple[str, ...]] = []
+    placed: set[str] = set()
+    for groups in per_layer:
+        for g in groups:
+            fresh = tuple(n for n in g if n not in placed)
+            if fresh:
+                out.append(fresh)
+                placed.update(fresh)
+    return tuple(out)
+
+
+def _reads(t: LayerTrace, tid: int, owner: str | None) -> list[tuple[str, str]]:
+    """The ops that used tensor ``tid``'s values, those of its own producer ``owner`` left out."""
+    return [(op, where) for op, where in t.readers.get(tid, [])
+            if op not in _NOT_READS and not (owner and (where == owner or where.startswith(owner + ".")))]
+
+
+def _parent(names: tuple[str, ...]) -> str:
+    """The smallest module holding every one of ``names``."""
+    parts = [n.split(".")[:-1] for n in names]
+    common = []
+    for level in zip(*parts):
+        if len(set(level)) != 1:
+            break
+        common.append(level[0])
+    return ".".join(common)
+
+
+def _norm_mappings(layer: nn.Module, t: LayerTrace) -> list[tuple[SmoothMapping, float | None]]:
+    """A norm whose output reaches nothing but the linears that read it, and folds exactly."""
+    found = []
+    for tid, names in t.groups():
+        norm = t.producer.get(tid)
+        if norm is None or norm in names or isinstance(layer.get_submodule(norm), nn.Linear):
+            continue
+        reads = _reads(t, tid, norm)
+        if any(op != "linear" or where not in names for op, where in reads):
+            continue
+        offset = fold_offset(layer.get_submodule(norm))
+        if offset is not None:
+            found.append((SmoothMapping(norm, tuple(names), _parent(tuple(names))), offset))
+    return found
+
+
+def _product_mappings(t: LayerTrace) -> list[tuple[SmoothMapping, float | None]]:
+    """A linear whose output reaches one other linear only through an elementwise product."""
+    found = []
+    inputs = {tid: names for tid, names in t.groups()}
+    for name, out in t.outputs.items():
+        product = t.products.get(out)
+        if product is None or len(_reads(t, out, name)) != 1:
+            continue
+        (consumer, *more) = inputs.get(product, [None])
+        reads = _reads(t, product, None)
+        if consumer is None or more or reads != [("linear", consumer)]:
+            continue
+        found.append((SmoothMapping(name, (consumer,), consumer), None))
+    return found
+
+
+def fold_offset(norm: nn.Module) -> float | None:
+    """The weight offset under which dividing ``norm``'s weight and bias by per-channel scales
+    divides its output by them (0 for ``x * w``, 1 for Gemma-style ``x * (1 + w)``), measured
+    on a float64 copy of the module with random weights; None when neither holds."""
+    weight = getattr(norm, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.ndim != 1:
+        return None
+    g = torch.Generator().manual_seed(0)
+    n = weight.shape[0]
+    x = torch.randn(3, n, generator=g, dtype=torch.float64)
+    s = torch.rand(n, generator=g, dtype=torch.float64) + 0.5
+    w = torch.randn(n, generator=g, dtype=torch.float64)
+    bias = getattr(norm, "bias", None)
+    b = torch.randn(n, generator=g, dtype=torch.float64) if isinstance(bias, torch.Tensor) else None
+    for offset in (0.0, 1.0):
+        try:
+            y = _run(norm, x, w, b)
+            folded = _run(norm, x, (offset + w) / s - offset, None if b is None else b / s)
+        except Exception:  # a module that is not a plain channel-wise norm
+            return None
+        # norms compute in float32 whatever their input: a wrong offset misses by O(1), not 1e-6
+        if torch.allclose(folded, y / s, rtol=1e-5, atol=1e-6):
+            return offset
+    return None
+
+
+def _run(norm: nn.Module, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    m = copy.deepcopy(norm).to_empty(device="cpu").to(torch.float64)
+    with torch.no_grad():
+        m.weight.copy_(w)
+        if b is not None:
+            m.bias.copy_(b)
+        return m(x)

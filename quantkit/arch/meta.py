@@ -1,0 +1,41 @@
+"""The model a config describes, built on the meta device: no weight allocated or read."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def config_dtype(config) -> torch.dtype:
+    """The weights' dtype the config declares (float32 when it declares none)."""
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+    if isinstance(d, str):
+        d = getattr(torch, d)
+    return d
+
+
+def meta_model(config) -> nn.Module:
+    """transformers' model class for ``config`` with parameters on the meta device and real
+    (computed) buffers, in eval mode."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+    return model.eval()
+
+
+def traceable_model(config) -> nn.Module:
+    """The model entirely on the meta device, buffers included, for a structural trace
+    (``trace.py``). MoE experts run as transformers' ``batched_mm`` (every token gathers its
+    top-k experts' weights): no data-dependent shape, so the forward runs on meta tensors."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    for c in {id(c): c for c in (config, getattr(config, "get_text_config", lambda: config)())}.values():
+        c._experts_implementation = "batched_mm"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+    return model.eval()
