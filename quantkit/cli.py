@@ -83,10 +83,17 @@ def convert(
                                         "calibration batches, statistics are all-reduced, rank 0 writes."),
     lang: str = typer.Option("en", "--lang", help="Language of the model card (README.md in the output) and of the "
                              "evaluation report: en or zh. The card's front matter and report.json are the same in both."),
+    model_free: bool = typer.Option(False, "--model-free", help="Quantize the safetensors shards tensor by tensor, "
+                                    "no model built (recipes that need no data): memory bounded by the largest "
+                                    "tensor; taken by itself for a folder transformers cannot build."),
+    targets: Optional[str] = typer.Option(None, "--targets", help="Model-free: a regular expression over module "
+                                          "names choosing the 2-D weights to quantize (default: every decoder-layer "
+                                          "linear but norms, routers, gates and vision towers); implies --model-free."),
 ):
     """Quantize a model layer by layer into a compressed-tensors checkpoint."""
     flags = ConvertFlags(model, recipe, out, calib, group_size, ignore or [], num_samples, max_seq_len, overwrite,
-                         resume, device, budget, sensitivity, no_eval, trust_remote_code, nproc, lang)
+                         resume, device, budget, sensitivity, no_eval, trust_remote_code, nproc, lang,
+                         model_free or targets is not None, targets)
     terminated: list[int] = []
 
     def on_sigterm(signum, frame):   # cleans up as Ctrl-C does
@@ -131,6 +138,8 @@ class ConvertFlags:
     trust_remote_code: bool
     nproc: str | None
     lang: str
+    model_free: bool = False
+    targets: str | None = None
 
 
 def _convert(f: ConvertFlags) -> None:
@@ -149,6 +158,7 @@ def _convert(f: ConvertFlags) -> None:
     r = _convert_recipe(f)
     go = r.mixed is not None and r.mixed.smallest_go is not None   # --budget go, or the recipe's key
     from quantkit.workflows import convert as api
+    from quantkit.workflows.model_free import model_free_reason
     from quantkit.formats.writer import prepare_output
 
     model_name = Path(f.model).name if f.model else "smollm2-135m-instruct"
@@ -156,8 +166,11 @@ def _convert(f: ConvertFlags) -> None:
     device = distributed.initialize(f.device)   # joins torchrun's process group, if it started this one
     writes = distributed.is_writer()
     inputs = api.conversion_inputs(f.model, r, f.recipe, f.calib)
+    free = model_free_reason(f.model, r, f.model_free, f.trust_remote_code)
     if writes:
         prepare_output(out, f.overwrite, OutputPolicy("convert", inputs))
+    if free is not None:
+        return _convert_model_free(f, r, out, inputs, free)
     if ranks is not None and ranks > 1 and launched == 1:
         _launch(ranks, out)   # the ranks check and convert again; this process only waits
     progress, say = _reporters(f, r, out, writes)
@@ -176,6 +189,26 @@ def _convert(f: ConvertFlags) -> None:
         _card_with_verdict(path, f.lang)   # the search evaluated the plan it kept
     elif not f.no_eval:
         _maybe_eval(f.model, path, r, f.calib, f.lang)
+
+
+def _convert_model_free(f: ConvertFlags, r, out: Path, inputs: dict, reason: str) -> None:
+    """``--model-free`` (or a folder transformers cannot build): the shards quantized tensor by
+    tensor; no evaluation, which would build the model this path avoids."""
+    from quantkit.workflows.model_free import ASKED, ModelFreeOptions, check_flags, convert_model_free
+
+    check_flags({"--resume": f.resume, "--nproc": f.nproc is not None, "--sensitivity": f.sensitivity is not None,
+                 "--device": f.device != "cpu"})
+    progress, say = _reporters(f, r, out, True)
+    if reason != ASKED:
+        say(f"model-free: {reason}; the shards are quantized tensor by tensor instead (--model-free)")
+    if f.calib is not None:
+        say(f"warning: --calib: a model-free conversion takes no calibration data (recipe '{r.name}'); not used")
+    options = ModelFreeOptions(f.targets, f.ignore, out.parent, out, progress, say, f.lang)
+    q = convert_model_free(f.model, r, options, inputs)
+    path = q.save(out, overwrite=f.overwrite)
+    _say_done(q.summary(), path)
+    if not f.no_eval:
+        say(f"evaluation skipped: it builds the model a model-free conversion avoids (run quantkit eval {path})")
 
 
 def _convert_recipe(f: ConvertFlags):

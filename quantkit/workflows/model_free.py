@@ -42,6 +42,7 @@ from quantkit.inputs.targets import DEFAULT_TARGETS, kept_linear, layer_unit, mo
 from quantkit.pipeline import residuals
 from quantkit.pipeline.finite import FiniteSource
 from quantkit.pipeline.layer_writer import write_strict
+from quantkit.pipeline.memory import return_freed_memory
 from quantkit.pipeline.runner import PipelineResult, peak_rss_bytes
 from quantkit.quantizers.rtn import rtn_weight, shared_global_scale
 from quantkit.recipe import Recipe, load_recipe
@@ -118,6 +119,33 @@ def model_path_refusal(folder: Path, trust_remote_code: bool = False) -> str | N
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not getattr(config, "auto_map", None):
         return f"{folder / 'config.json'}: transformers has no causal-LM class for model_type '{config.model_type}'"
     return None
+
+
+#: ``model_free_reason``'s answer when the user asked for a model-free conversion.
+ASKED = "asked"
+
+
+def model_free_reason(model: "str | Path | None", recipe: Recipe, asked: bool, trust_remote_code: bool = False) -> str | None:
+    """Whether a conversion runs model-free, and why: ``ASKED`` (``--model-free``: a recipe that
+    needs data is refused, naming its step), the reason transformers cannot build the folder's
+    model when the recipe needs no data, else None (the model path)."""
+    refusal = data_free_refusal(recipe)
+    if asked:
+        if refusal is not None:
+            raise QuantkitError(f"--model-free: {refusal}")
+        return ASKED
+    if refusal is not None or model is None or not Path(model).is_dir() or not (Path(model) / "config.json").is_file():
+        return None
+    return model_path_refusal(Path(model), trust_remote_code)
+
+
+def check_flags(given: dict[str, bool]) -> None:
+    """Refuse, naming it, a flag a model-free conversion cannot honour (it streams tensors on the
+    CPU: no layers to resume from, no ranks, no data)."""
+    for flag, on in given.items():
+        if on:
+            raise QuantkitError(f"{flag}: not with a model-free conversion (it streams the tensors on the CPU, "
+                                "with no layers, ranks or data)")
 
 
 def quantize_model_free(model: "str | Path | None", recipe: "str | Path | Recipe | dict | None" = None,
@@ -302,6 +330,7 @@ def _write_tensors(job: _Job, writer: ShardWriter) -> None:
     for k in plan.outside:
         writer.add(k, source.get(k))
         writer.end_unit()
+        return_freed_memory()
     source.release()
     units = enumerate(plan.units)
     if job.options.progress is not None:
@@ -319,6 +348,7 @@ def _write_tensors(job: _Job, writer: ShardWriter) -> None:
         residuals.save_layer(writer.tmp, index, rows)
         writer.end_unit()
         source.release()
+        return_freed_memory()   # the heap's holes handed back: resident stays what is alive (memory.py)
 
 
 def _nbytes(source, key: str) -> int:
