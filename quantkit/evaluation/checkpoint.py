@@ -11,6 +11,7 @@ from quantkit.errors import QuantkitError
 from quantkit.inputs.model_folder import check_links
 from quantkit.inputs.models import default_model_dir
 from quantkit.inputs.source import SafetensorsSource
+from quantkit.runtime.dequantized import is_quantized_source, load_dequantized
 from quantkit.runtime.loader import load
 
 
@@ -42,6 +43,8 @@ def load_model(path: Path, device: str = "cpu", backend: str | None = None):
     import torch
     from transformers import AutoModelForCausalLM
 
+    if is_quantized(path) and is_quantized_source(path):   # FP8 blocks, MXFP4: the float model they stand for
+        return load_dequantized(path, torch.float32).to(device)
     if is_quantized(path):
         return load(path, backend=backend, device=device).eval()
     # use_safetensors: never fall back to a pickle, even beside safetensors files

@@ -2,7 +2,9 @@
 
 Only headers are read up front (so a corrupt or truncated shard fails before any work);
 tensors are read one at a time when the pipeline onloads the layer that owns them.
-Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
+Pickle checkpoints (``*.bin``, ``*.pt``) are never opened. A source that arrives quantized (FP8
+with block scales, gpt-oss's MXFP4 experts: ``quantized.py``) presents its weights dequantized,
+under the model's own names, and hides its scales.
 
 Tensors are read into memory they own, not through a file map: safetensors' ``get_tensor``
 returns views of a map that stays alive (with every page read through it counted in the
@@ -22,6 +24,7 @@ from safetensors import safe_open
 
 from quantkit.errors import QuantkitError
 from quantkit.inputs.model_folder import check_links
+from quantkit.inputs.quantized import Derived, QuantizedLayout, read_layout
 
 
 class SafetensorsSource:
@@ -38,10 +41,22 @@ class SafetensorsSource:
         self._where: dict[str, Path] = {}
         self._entries: dict[str, _Entry] = {}
         self._handles: dict[Path, object] = {}
+        self.quantized: QuantizedLayout | None = None   # set below, once the headers are read
         for f in files:
             for name, entry in self._keys(f).items():
                 self._where[name] = f
                 self._entries[name] = entry
+        self.quantized = self._quantized_layout()
+
+    def _quantized_layout(self) -> QuantizedLayout | None:
+        """How a source that arrives quantized presents its float weights (``quantized.py``)."""
+        config_file = self.folder / "config.json"
+        try:
+            qc = json.loads(config_file.read_text(encoding="utf-8")).get("quantization_config")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+            return None   # the config's own reader says what is wrong with it
+        headers = {k: (e.dtype, e.shape) for k, e in self._entries.items()}
+        return read_layout(qc, headers, self.where, str(config_file))
 
     def _shard_files(self) -> list[Path]:
         index = self.folder / "model.safetensors.index.json"
@@ -93,21 +108,48 @@ class SafetensorsSource:
         return sorted(set(self._where.values()))
 
     def keys(self) -> Iterable[str]:
-        return self._where.keys()
+        """The tensors' names: a quantized source's dequantized weights, not its scales."""
+        q = self.quantized
+        if q is None:
+            return self._where.keys()
+        return [k for k in self._where if k not in q.hidden or k in q.derived] + \
+            [k for k in q.derived if k not in self._where]
 
     def __contains__(self, name: str) -> bool:
+        q = self.quantized
+        if q is not None and (name in q.derived or name in q.hidden):
+            return name in q.derived
         return name in self._where
 
     def where(self, name: str) -> str:
         """The file holding tensor ``name``, for messages."""
+        derived = self._derived(name)
+        if derived is not None:
+            name = derived.parts[0]
         return str(self._where.get(name, self.folder))
 
     def describe(self, name: str) -> tuple[torch.dtype | str, tuple[int, ...]]:
         """Tensor ``name``'s dtype (safetensors' name when torch has none) and shape, from its header."""
+        derived = self._derived(name)
+        if derived is not None:
+            return torch.float32, derived.shape
         e = self._entries[name]
         return _DTYPES.get(e.dtype, e.dtype), e.shape
 
     def get(self, name: str) -> torch.Tensor:
+        derived = self._derived(name)
+        if derived is not None:
+            return derived.decode(*(self._read(p) for p in derived.parts))
+        if self.quantized is not None and name in self.quantized.hidden:
+            raise QuantkitError(f"{self.where(name)}: tensor '{name}' is a scale of the quantized source, read "
+                                "through the weight it scales")
+        return self._read(name)
+
+    def _derived(self, name: str) -> Derived | None:
+        return self.quantized.derived.get(name) if self.quantized is not None else None
+
+    def _read(self, name: str) -> torch.Tensor:
+        """Stored tensor ``name`` as the file holds it."""
         f = self._where.get(name)
         if f is None:
             raise QuantkitError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")

@@ -39,7 +39,9 @@ from quantkit.pipeline.resume import RunBook, open_run, run_keys
 from quantkit.workflows.model_card import check_lang, write_card
 from quantkit.recipe import CalibrationSettings, Recipe, load_recipe
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
+from quantkit.inputs.quantized import kept_note
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
+from quantkit.runtime.dequantized import load_dequantized
 from quantkit.runtime.loader import load
 from quantkit.inputs.models import DEFAULT_MODEL_ID, cache_dir, default_model_dir
 from quantkit.calibration import load_calibration
@@ -48,7 +50,7 @@ from quantkit.sensitivity.mixed import check_mixed, PLAN_FILE, plan_recipe, SENS
 from quantkit.sensitivity import candidates_from
 from quantkit.sensitivity.search import SearchOptions, sensitivity_search
 import sys
-from quantkit.pipeline.onload import build_skeleton
+from quantkit.pipeline.onload import build_skeleton, config_dtype
 from quantkit.pipeline.rotated_source import check_rotation
 from quantkit.arch.lookup import arch_for
 from quantkit.pipeline.fold_coverage import check_fold_coverage
@@ -121,7 +123,7 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")
     source = SafetensorsSource(folder)
     qc = read_config_json(folder).get("quantization_config")
-    if qc is not None:
+    if qc is not None and source.quantized is None:
         kind = qc.get("format") or qc.get("quant_method") if isinstance(qc, dict) else None
         raise QuantkitError(f"{folder}: already quantized (config.json has a quantization_config"
                             f"{f', {kind}' if kind else ''}); pass the original unquantized model")
@@ -369,6 +371,7 @@ def _check_model(job: _Conversion):
     check_checkpoint(job.config, job.source, config_file, job.warn)
     check_modules(job.config, job.recipe, job.options.ignore, job.warn)
     if job.recipe.mixed is None:
+        _note_kept(job)
         return None
 
     return check_mixed(job.recipe, job.config)
@@ -403,6 +406,17 @@ def _plan(job: _Conversion, plan_source) -> None:
                                        job.options.log or _logger.info)
     job.planned = tuple(planned)
     check_modules(job.config, job.recipe, (), lambda _: None, planned=True)   # the ignore entries were warned above
+    _note_kept(job)
+
+
+def _note_kept(job: _Conversion) -> None:
+    """Say when a quantized source's linears are left unquantized (written dequantized)."""
+    layout = getattr(job.source, "quantized", None)
+    if layout is not None:
+        note = kept_note(layout, job.recipe.groups, list(job.recipe.ignore), config_dtype(job.config),
+                         str(job.folder / "config.json"))
+        if note is not None:
+            job.warn(note)
 
 
 def _write_checkpoint(job: _Conversion) -> PipelineResult:
@@ -515,6 +529,8 @@ def _float_model_of(model, folder: Path | None, trust_remote_code: bool) -> nn.M
 def _float_model(folder: Path, trust_remote_code: bool) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
+    if SafetensorsSource(folder).quantized is not None:   # FP8 blocks, MXFP4: read dequantized
+        return load_dequantized(folder, torch.float32, trust_remote_code)
     return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code).eval()
 
 
