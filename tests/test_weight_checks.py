@@ -59,8 +59,8 @@ def test_layer_indices_and_the_ones_past_the_count():
     assert excess_layers(keys, "model.layers", 11) == []
 
 
-def test_unplaced_keys_split_into_lost_and_computed():
+def test_unplaced_keys_split_into_lost_and_computed_a_stored_buffer_is_neither():
     keys = ["model.layers.0.w", "model.layers.0.spare", "model.layers.0.self_attn.rotary_emb.inv_freq",
             "model.layers.0.buf", "lm_head.weight"]
     assert unplaced(keys, "model.layers", {"model.layers.0.w"}, {"model.layers.0.buf"}) == \
-        (["model.layers.0.spare"], ["model.layers.0.buf", "model.layers.0.self_attn.rotary_emb.inv_freq"])
+        (["model.layers.0.spare"], ["model.layers.0.self_attn.rotary_emb.inv_freq"])

@@ -16,7 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from quantkit.arch.spec import ArchSpec, SmoothMapping
+from quantkit.arch.spec import ArchSpec, MoESpec, SmoothMapping
 from quantkit.arch.trace import LayerTrace, trace_layers
 from quantkit.errors import QuantkitError
 
@@ -63,7 +63,9 @@ def derive_spec(model: nn.Module, config) -> ArchSpec:
     layers_path = find_layers(model, config)
     layers = model.get_submodule(layers_path)
     traces = trace_layers(model, layers)
-    subgroups = _merge(tuple(tuple(names) for _, names in t.groups()) for t in traces)
+    keep = _merge((tuple(_kept(layer, t)),) for layer, t in zip(layers, traces))
+    kept = {n for g in keep for n in g}
+    subgroups = _merge(tuple(tuple(n for n in names if n not in kept) for _, names in t.groups()) for t in traces)
     mappings: list[SmoothMapping] = []
     offsets: set[float] = set()
     for layer, t in zip(layers, traces):
@@ -76,11 +78,48 @@ def derive_spec(model: nn.Module, config) -> ArchSpec:
         mappings = [m for m in mappings if isinstance(layers[0].get_submodule(m.smooth), nn.Linear)]
     offset = offsets.pop() if len(offsets) == 1 else 0.0
     attention = next((t.attention for t in traces if t.attention), None)
-    return ArchSpec(layers=layers_path, subgroups=subgroups, fused=tuple(g for g in subgroups if len(g) > 1),
+    moe = next(filter(None, (experts_spec(layer) for layer in layers)), None)
+    return ArchSpec(layers=layers_path, subgroups=subgroups, moe=moe, keep=tuple(n for g in keep for n in g), fused=tuple(g for g in subgroups if len(g) > 1),
                     smooth_mappings=tuple(mappings), attention=attention, k_proj=None, v_proj=None,
                     norm_weight_offset=offset, packed_calibration=False, residual_writers=(),
                     residual_rotation_blocked=NO_ROTATION, derived=True,
                     kv_cache_blocked="" if attention else NO_ATTENTION)
+
+
+def _kept(layer: nn.Module, t: LayerTrace) -> list[str]:
+    """Linears that stay in the model's dtype: a router (its output picks experts through a
+    top-k) and a scalar gate (one output). Quantizing either changes which experts run, or
+    scales a whole branch, for no memory worth having."""
+    out = []
+    for name, tid in t.outputs.items():
+        m = layer.get_submodule(name)
+        if m.out_features == 1 or t.reaches(tid, {"topk"}):
+            out.append(name)
+    return out
+
+
+def experts_spec(layer: nn.Module) -> MoESpec | None:
+    """The layer's sparse experts when transformers holds them as its convention has it
+    (``gate_up_proj`` ``[E, 2I, H]`` gate rows then up rows, ``down_proj`` ``[E, H, I]``, no
+    biases), stored per expert as ``<experts>.<e>.gate_proj|up_proj|down_proj``; None for a
+    dense layer. Experts held otherwise are refused until their family is described."""
+    for name, m in layer.named_modules():
+        gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        if not (isinstance(gate_up, torch.Tensor) and gate_up.ndim == 3):
+            continue
+        block, _, leaf = name.rpartition(".")
+        fits = (isinstance(down, torch.Tensor) and down.ndim == 3 and gate_up.shape[0] == down.shape[0]
+                and gate_up.shape[1] == 2 * down.shape[2] and gate_up.shape[2] == down.shape[1]
+                and getattr(m, "gate_up_proj_bias", None) is None and "." not in block)
+        if not fits:
+            raise QuantkitError(f"{type(layer).__name__}: its experts '{name}' are not held as transformers' "
+                                f"convention has them (gate_up_proj {tuple(gate_up.shape)} as [experts, 2 x inter, "
+                                "hidden], no biases); describe the family in quantkit/arch/")
+        router = next((n for n, c in layer.get_submodule(block).named_children()
+                       if isinstance(getattr(c, "weight", None), torch.Tensor) and c.weight.ndim == 2
+                       and c.weight.shape[0] == gate_up.shape[0]), "gate")
+        return MoESpec(block=block, checkpoint_block=block, experts=leaf, router=router)
+    return None
 
 
 def _merge(per_layer: Iterable[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...]:

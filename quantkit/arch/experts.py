@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from quantkit.arch.spec import ArchSpec, MoESpec
-from quantkit.arch.table import ARCHITECTURES
+from quantkit.arch.lookup import arch_for
 
 if TYPE_CHECKING:
     from quantkit.pipeline.coverage import Routing
@@ -114,29 +114,24 @@ def calibration_rows(e: int, top_k_index: torch.Tensor, top_k_weights: torch.Ten
     return every, weight[every, None], int(token.numel())
 
 
-def _spec(config) -> ArchSpec | None:
-    for name in getattr(config, "architectures", None) or []:
-        if name in ARCHITECTURES:
-            return ARCHITECTURES[name]
-    return None
+def _spec(config) -> ArchSpec:
+    return arch_for(config)[1]
 
 
 def moe_spec(config) -> MoESpec | None:
     """The MoE entry of the config's architecture (None for a dense or unknown one)."""
-    spec = _spec(config)
-    return spec.moe if spec is not None else None
+    return _spec(config).moe
 
 
 def kept_patterns(config) -> list[str]:
     """``ignore`` patterns for the MoE blocks' linears the architecture keeps in high precision."""
-    spec = _spec(config)
-    return spec.moe.kept() if spec is not None and spec.moe is not None else []
+    return _spec(config).kept()
 
 
 def unfuse_model(model: nn.Module, config) -> int:
     """``unfuse_experts`` on a model of ``config``'s architecture; a dense one is left as it is."""
     spec = _spec(config)
-    if spec is None or spec.moe is None:
+    if spec.moe is None:
         return 0
     return unfuse_experts(model, spec.layers, spec.moe)
 
@@ -186,7 +181,7 @@ def per_expert_state(state: dict[str, torch.Tensor], config) -> dict[str, Any]:
     tensors (the router) move to ``checkpoint_block``. Copies: safetensors refuses tensors sharing storage. A dense model's state dict is returned as is.
     """
     spec = _spec(config)
-    if spec is None or spec.moe is None:
+    if spec.moe is None:
         return state
     moe, layers_path = spec.moe, spec.layers
     out: dict[str, Any] = {}

@@ -14,14 +14,26 @@ def config_dtype(config) -> torch.dtype:
     return d
 
 
+def auto_class(config):
+    """transformers' auto class that builds ``config``'s model: the causal-LM one, or for a
+    vision-language model that has none (Qwen2.5-VL, Qwen3-VL) the image-text-to-text one."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+
+    return AutoModelForImageTextToText if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING else AutoModelForCausalLM
+
+
 def meta_model(config) -> nn.Module:
     """transformers' model class for ``config`` with parameters on the meta device and real
     (computed) buffers, in eval mode."""
     from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
 
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+        model = auto_class(config).from_config(config, dtype=config_dtype(config))
     return model.eval()
 
 
@@ -31,11 +43,9 @@ def traceable_model(config) -> nn.Module:
     top-k experts' weights): no data-dependent shape, so the forward runs on meta tensors."""
     import copy
 
-    from transformers import AutoModelForCausalLM
-
     config = copy.deepcopy(config)
     for c in {id(c): c for c in (config, getattr(config, "get_text_config", lambda: config)())}.values():
         c._experts_implementation = "batched_mm"
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=config_dtype(config))
+        model = auto_class(config).from_config(config, dtype=config_dtype(config))
     return model.eval()

@@ -137,10 +137,21 @@ class ArchSpec:
     residual_writers: tuple[str, ...] = ("self_attn.o_proj", "mlp.down_proj")
     # why a rotation of the residual stream cannot fold into this architecture's weights ("" if it can)
     residual_rotation_blocked: str = ""
+    # linears of a decoder layer kept in the model's dtype and listed in ``ignore`` (routers, scalar gates)
+    keep: tuple[str, ...] = ()
     # why the KV cache cannot be quantized where ``attention`` is None
     kv_cache_blocked: str = ""
     # True when derived from the model's traced forward (derive.py) rather than named in table.py
     derived: bool = False
+
+    def kept(self) -> list[str]:
+        r"""``ignore`` patterns for the linears kept in the model's dtype in every layer.
+
+        >>> print(*ArchSpec(keep=("mlp.shared_expert_gate",)).kept())
+        re:.*\.mlp\.shared_expert_gate$
+        """
+        own = [f"re:.*\\.{re.escape(k)}$" for k in self.keep]
+        return own + (self.moe.kept() if self.moe is not None else [])
 
     def layer_subgroups(self, names: list[str]) -> list[list[str]]:
         """``subgroups`` restricted to ``names`` (a layer's targets), in true-sequential order.

@@ -45,7 +45,18 @@ class LayerTrace:
     readers: dict[int, list[tuple[str, str]]] = field(default_factory=lambda: defaultdict(list))  # id -> (op, module)
     products: dict[int, int] = field(default_factory=dict)              # operand id -> product id (elementwise mul)
     outputs: dict[str, int] = field(default_factory=dict)               # linear -> its output tensor id
+    flows: dict[int, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))  # id -> (op, output id)
     attention: str | None = None                                        # module calling the attention op
+
+    def reaches(self, tid: int, ops: set[str], depth: int = 3) -> bool:
+        """Whether tensor ``tid`` flows into one of ``ops`` within ``depth`` operations."""
+        frontier = {tid}
+        for _ in range(depth):
+            steps = [(op, out) for t in frontier for op, out in self.flows.get(t, [])]
+            if any(op in ops for op, _ in steps):
+                return True
+            frontier = {out for _, out in steps}
+        return False
 
     def groups(self) -> list[tuple[int, list[str]]]:
         """The linears by shared input, in the order their first member ran: ``(input id, names)``."""
@@ -84,6 +95,8 @@ class _Recorder(TorchFunctionMode):
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
         for t in tensors:
             self.trace.readers[id(t)].append((name, where))
+            if isinstance(out, torch.Tensor):
+                self.trace.flows[id(t)].append((name, id(out)))
         # attention scores are [batch, heads, queries, keys]; a router's softmax is 2-D
         if name in _ATTENTION_OPS and self.trace.attention is None and tensors and tensors[0].ndim == 4:
             self.trace.attention = where

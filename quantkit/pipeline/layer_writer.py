@@ -104,11 +104,15 @@ def write_strict(writer: ShardWriter, name: str, data: dict, warn: Callable[[str
 
 
 def _ignored(state: RunState) -> list[str]:
-    """The Linear modules kept in high precision, and the MoE routers: an engine (vLLM's routers
-    are linear layers) would otherwise apply the groups' "Linear" target to them."""
+    """The Linear modules kept in high precision (those outside the decoder layers too), and the
+    MoE routers: an engine (vLLM's routers are linear layers) would otherwise apply the groups'
+    "Linear" target to them."""
     recipe, model = state.recipe, state.model
+    inside = state.spec.layers + "."
+    # linears outside the decoder layers (a vision tower, its projector) are written as read
     ignore = [n for n, m in model.named_modules()
-              if isinstance(m, nn.Linear) and scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None]
+              if isinstance(m, nn.Linear) and (scheme_for(n, "Linear", recipe.groups, list(recipe.ignore)) is None
+                                              or not n.startswith(inside))]
     if state.spec.moe is not None:
         routers = [f"{name.rsplit('.', 1)[0]}.{state.spec.moe.router}" for name, m in model.named_modules()
                    if isinstance(m, UnfusedExperts)]

@@ -104,13 +104,13 @@ def excess_layers(keys: Iterable[str], layers_path: str, num_layers: int) -> lis
 
 def unplaced(keys: Iterable[str], layers_path: str, params: set[str],
              buffers: set[str]) -> tuple[list[str], list[str]]:
-    """The keys under ``layers_path`` that are no parameter of the model: (those that would be
-    lost, those it computes itself: its buffers and ``COMPUTED_SUFFIXES``), each sorted."""
+    """The keys under ``layers_path`` that are neither a parameter nor a stored buffer of the model:
+    (those that would be lost, those it computes itself: ``COMPUTED_SUFFIXES``), each sorted."""
     dropped, computed = [], []
     for k in sorted(keys):
-        if not k.startswith(layers_path + ".") or k in params:
-            continue
-        (computed if k in buffers or k.endswith(COMPUTED_SUFFIXES) else dropped).append(k)
+        if not k.startswith(layers_path + ".") or k in params or (k in buffers and not k.endswith(COMPUTED_SUFFIXES)):
+            continue   # a stored buffer of the model is written back as read
+        (computed if k.endswith(COMPUTED_SUFFIXES) else dropped).append(k)
     return dropped, computed
 
 

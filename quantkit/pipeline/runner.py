@@ -33,6 +33,7 @@ from torch import nn
 from quantkit.common import distributed
 from quantkit.steps import LayerContext, QuantizedWeight
 from quantkit.arch.lookup import arch_for
+from quantkit.pipeline.layout import COMPUTED_SUFFIXES
 from quantkit.arch.spec import attention_of
 from quantkit.common.crashpoints import kill_point
 from quantkit.errors import QuantkitError
@@ -301,6 +302,9 @@ def _write(state: RunState, layer: _Layer, results: dict[str, QuantizedWeight],
     chunk), its KV-cache scales, then the layer dropped."""
     skip = layer.plan.experts_path + "." if layer.plan is not None else None
     params = [(n, p) for n, p in layer.module.named_parameters() if skip is None or not n.startswith(skip)]
+    # buffers the checkpoint stores (DeepSeek-V3's router bias): the model reads them back from it
+    params += [(n, b) for n, b in layer.module.named_buffers()
+               if f"{layer.prefix}{n}" in state.source and not n.endswith(COMPUTED_SUFFIXES)]
     write_layer(state.writer, layer.prefix, params, layer.targets, results, observed, state.log)
     if layer.kv is not None:
         write_kv_scales(state, layer.prefix, layer.kv)

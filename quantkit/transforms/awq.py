@@ -337,7 +337,8 @@ class AWQ(Transform):
     def apply(self, ctx: LayerContext, result: TransformResult) -> None:
         for m in ctx.arch.smooth_mappings:
             s = result.tensors.get(f"scales.{m.smooth}")
-            if s is not None:
+            # a hybrid's layer kinds may share a norm's name over other linears: fold into this layer's only
+            if s is not None and all(b in ctx.targets for b in m.balance):
                 fold_scales(ctx.layer, m, s, ctx.config, ctx.arch.norm_weight_offset)
         for name, (lin, scheme) in ctx.targets.items():
             ratios = result.tensors.get(f"clip.{name}")
