@@ -9,6 +9,7 @@ from quantkit.arch.derive import derive_spec
 from quantkit.arch.meta import traceable_model
 from quantkit.arch.spec import ArchSpec
 from quantkit.arch.table import named_entry
+from quantkit.errors import QuantkitError
 
 # A derivation traces the whole model once; conversions, loads and evaluations ask again.
 _DERIVED: dict[str, ArchSpec] = {}
@@ -27,7 +28,6 @@ def arch_for(config, where: str = "config.json") -> tuple[str, ArchSpec]:
         try:
             model = traceable_model(config)
         except Exception as e:  # transformers' own refusal: it names what is wrong with the config
-            from quantkit.errors import QuantkitError
             raise QuantkitError(f"{where}: transformers cannot build '{shown}' ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
         _DERIVED[key] = derive_spec(model, config)

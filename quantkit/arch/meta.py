@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -41,8 +43,6 @@ def traceable_model(config) -> nn.Module:
     """The model entirely on the meta device, buffers included, for a structural trace
     (``trace.py``). MoE experts run as transformers' ``batched_mm`` (every token gathers its
     top-k experts' weights): no data-dependent shape, so the forward runs on meta tensors."""
-    import copy
-
     config = copy.deepcopy(config)
     for c in {id(c): c for c in (config, getattr(config, "get_text_config", lambda: config)())}.values():
         c._experts_implementation = "batched_mm"
