@@ -45,7 +45,7 @@ def save_fp8_block_source(float_dir: Path, out: Path) -> Path:
     """``float_dir``'s decoder-layer linears as FP8 block weights with ``weight_scale_inv``."""
     tensors = {}
     for k, v in load_file(str(float_dir / "model.safetensors")).items():
-        if ".layers." in k and k.endswith("proj.weight"):
+        if ".layers." in k and k.endswith(("proj.weight", "proj_with_mqa.weight")):
             tensors[k], tensors[k + "_scale_inv"] = fp8_block(v)
         else:
             tensors[k] = v

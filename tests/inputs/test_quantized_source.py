@@ -17,6 +17,7 @@ from quantkit.errors import QuantkitError
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.runtime.dequantized import load_dequantized
 
+from families import family_config, save_random
 from model_factory import make_llama_dir, random_ids, save_byte_tokenizer
 from quantized_sources import (fp8_block_reference, make_gpt_oss_dir, save_dequantized, save_fp8_block_source,
                                save_mxfp4_source)
@@ -140,6 +141,42 @@ def test_fp8_block_source_requantizes_through_convert(fp8, tmp_path, recipe):
     rel = {n: _rel(_logits(AutoModelForCausalLM.from_pretrained(o, dtype="auto"), ids), reference)
            for n, o in outs.items()}
     assert rel["fp8"] <= rel["float"] + 1e-6 and rel["float"] <= MEASURED[recipe] * 1.25, rel
+
+
+# GPTQ with every MoE expert onloaded on its own (layer_memory: 1 byte, the streamed path)
+STREAMED_GPTQ = """version: 1
+config_groups:
+  group_0:
+    targets: [Linear]
+    weights: {num_bits: 4, type: int, symmetric: true, strategy: group, group_size: 64, actorder: weight}
+ignore: [lm_head]
+algorithm: {name: gptq, block_size: 64}
+calibration: {layer_memory: 1}
+"""
+
+
+def test_a_deepseek_v3_fp8_source_converts_as_its_float_copy(tmp_path):
+    """DeepSeek-V3's own layout (per-expert FP8 linears, the MLA projections with edge blocks, the
+    router and its bias in float) through GPTQ with streamed experts: the same bytes as the plain
+    float copy of the dequantized source."""
+    torch.set_num_threads(1)
+    config = family_config("DeepSeek-V3")
+    config.vocab_size = 260   # the byte tokenizer's ids
+    float_dir = save_byte_tokenizer(save_random(config, tmp_path / "float"))
+    source = save_fp8_block_source(float_dir, tmp_path / "fp8")
+    assert sum(k.endswith("_scale_inv") for k in load_file(str(source / "model.safetensors"))) == 28
+    recipe, calib = tmp_path / "streamed.yaml", tmp_path / "calib.jsonl"
+    recipe.write_text(STREAMED_GPTQ)
+    calib.write_text("".join(json.dumps({"text": f"Row {i}: the parcel left the depot at {i % 24}:00."}) + "\n"
+                             for i in range(40)))
+    written = []
+    for name, model in (("fp8", source), ("float", save_dequantized(source, tmp_path / "dequantized"))):
+        res = _convert(model, tmp_path / f"out-{name}", str(recipe), "--calib", str(calib), "--num-samples", "8",
+                       "--max-seq-len", "32")
+        assert res.returncode == 0, res.stderr[-2000:]
+        written.append(load_file(str(tmp_path / f"out-{name}" / "model.safetensors")))
+    assert written[0].keys() == written[1].keys()
+    assert all(torch.equal(t, written[1][k]) for k, t in written[0].items())
 
 
 def test_linears_the_recipe_keeps_are_said_in_one_line(fp8, tmp_path):
