@@ -126,7 +126,8 @@ def resolve_model(model: "str | Path | nn.Module | None", trust_remote_code: boo
     if qc is not None and source.quantized is None:
         kind = qc.get("format") or qc.get("quant_method") if isinstance(qc, dict) else None
         raise QuantkitError(f"{folder}: already quantized (config.json has a quantization_config"
-                            f"{f', {kind}' if kind else ''}); pass the original unquantized model")
+                            f"{f', {kind}' if kind else ''}); pass the original unquantized model (quantkit "
+                            "reads FP8 block-scale and gpt-oss MXFP4 sources only)")
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (ValueError, OSError) as e:

@@ -234,3 +234,12 @@ def test_an_evaluation_baseline_is_the_dequantized_model(fp8):
 
     ids = torch.tensor(random_ids(2, 16, vocab=256, seed=8))
     assert torch.equal(_logits(load_model(fp8[0]), ids), _logits(AutoModelForCausalLM.from_pretrained(fp8[1]), ids))
+
+
+def test_an_fp8_source_is_the_baseline_of_quantkit_eval(fp8, tmp_path):
+    assert _convert(fp8[0], tmp_path / "out", "w8a16").returncode == 0
+    res = subprocess.run([sys.executable, "-m", "quantkit.cli", "eval", "--baseline", str(fp8[0]), "--candidate",
+                          str(tmp_path / "out"), "--suite", "numbers-en", "--out", str(tmp_path / "report")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "14 quantized modules checked against the baseline" in res.stderr + res.stdout
