@@ -65,4 +65,5 @@ def test_a_checkpoint_three_times_the_cap_converts_inside_it(models, tmp_path):
     shallow = convert(models[LAYERS // 2], tmp_path / "shallow")
     print(f"\ncheckpoint {size / 2**20:.0f} MiB, cap {CAP / 2**20:.0f} MiB: peak RSS {deep['peak_rss'] / 2**20:.0f} "
           f"MiB ({LAYERS} layers), {shallow['peak_rss'] / 2**20:.0f} MiB ({LAYERS // 2} layers)")
-    assert deep["peak_rss"] < 1.1 * shallow["peak_rss"]
+    # the heap's noise is tens of MiB; holding the model would add the 848 MiB the deep one has more
+    assert deep["peak_rss"] - shallow["peak_rss"] < size / 2 / 8
