@@ -3,5 +3,7 @@
 stable place to import it from."""
 
 from quantkit.workflows.convert import ConversionInterrupted, ConvertOptions, QuantizedModel, convert, quantize, sensitivity
+from quantkit.workflows.model_free import ModelFreeOptions, quantize_model_free
 
-__all__ = ['ConversionInterrupted', 'ConvertOptions', 'QuantizedModel', 'convert', 'quantize', 'sensitivity']
+__all__ = ['ConversionInterrupted', 'ConvertOptions', 'ModelFreeOptions', 'QuantizedModel', 'convert', 'quantize',
+           'quantize_model_free', 'sensitivity']

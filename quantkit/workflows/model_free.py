@@ -165,6 +165,9 @@ def convert_model_free(model: "str | Path | None", recipe: Recipe, options: Mode
     refusal = data_free_refusal(recipe)
     if refusal is not None:
         raise QuantkitError(refusal)
+    if model is not None and not isinstance(model, (str, Path)):
+        raise QuantkitError(f"model-free: reads a model folder, not a {type(model).__name__} (quantize converts "
+                            "a model in memory)")
     folder = Path(model) if model is not None else default_model_dir()
     if not folder.is_dir():
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")

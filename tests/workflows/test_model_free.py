@@ -27,6 +27,7 @@ from quantkit.errors import QuantkitError
 from quantkit.workflows.model_free import ModelFreeOptions, quantize_model_free
 
 from model_factory import make_llama_dir
+from moe_models import MOE_ARCHS, make_moe_dir
 
 torch.set_num_threads(1)
 
@@ -88,6 +89,35 @@ def test_bit_identical_on_smollm2(smollm2_dir, tmp_path, recipe):
     b = quantize_model_free(smollm2_dir, recipe).save(tmp_path / "model-free")
     assert len(list(a.glob("*.safetensors"))) > 1
     assert_same_checkpoint(a, b)
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_moe_checkpoints_equal_the_model_path(tmp_path, arch):
+    """Per-expert linears quantized, routers and Qwen2-MoE's shared-expert gate kept and named in
+    ``ignore`` (the model path lists them in module order, this path in checkpoint order)."""
+    src = make_moe_dir(tmp_path / "src", arch)
+    a = quantkit.quantize(src, "w8a16").save(tmp_path / "model-path")
+    b = quantize_model_free(src, "w8a16").save(tmp_path / "model-free")
+    qa, qb = (json.loads((p / "config.json").read_text())["quantization_config"] for p in (a, b))
+    assert sorted(qa.pop("ignore")) == sorted(qb["ignore"])
+    for p in (a, b):   # everything else, every tensor included, equal
+        config = json.loads((p / "config.json").read_text())
+        config["quantization_config"] = qa
+        (p / "config.json").write_text(json.dumps(config))
+    assert_same_checkpoint(a, b)
+
+
+def test_a_bfloat16_checkpoint_equals_the_model_path(llama, tmp_path):
+    src = tmp_path / "bf16"
+    src.mkdir()
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(str(llama / "model.safetensors")).items()},
+              str(src / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((llama / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16", "torch_dtype": "bfloat16"}))
+    for recipe in ("nvfp4a16", "w4a16-g64"):
+        a = quantkit.quantize(src, recipe).save(tmp_path / f"model-path-{recipe}")
+        b = quantize_model_free(src, recipe).save(tmp_path / f"model-free-{recipe}")
+        assert_same_checkpoint(a, b)
 
 
 # -- an architecture transformers does not know --------------------------------------------------
@@ -226,6 +256,10 @@ def test_a_users_folder_is_never_replaced(tmp_path):
     assert_refused(run_cli(src, "--model-free", "-r", "w8a16", "-o", src / "q", "--overwrite"), "--out", src)
 
 
-def test_api_refuses_a_data_driven_recipe(llama):
+def test_api_refuses_a_data_driven_recipe_and_a_model_in_memory(llama):
     with pytest.raises(QuantkitError, match=r"steps\[0\]: 'gptq'"):
-        quantize_model_free(llama, "w4a16-g64-gptq")
+        quantkit.quantize_model_free(llama, "w4a16-g64-gptq")
+    with pytest.raises(QuantkitError, match="not a Linear"):
+        quantkit.quantize_model_free(torch.nn.Linear(4, 4), "w8a16")
+    with pytest.raises(QuantkitError, match="--targets"):
+        quantkit.ModelFreeOptions(targets="re:.*proj")
