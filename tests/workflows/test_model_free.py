@@ -231,6 +231,21 @@ def test_bad_input_is_one_line(tmp_path, args, needle):
     assert not out.exists() and folder_digest(src) == before
 
 
+def test_bad_weights_and_folders_are_one_line(tmp_path):
+    """A NaN met in the last layer (the first one already written), a group size the widths refuse, a source
+    already quantized: one line each, no staging folder or output left."""
+    src = make_unknown_dir(tmp_path / "zorblax")
+    tensors = load_file(str(src / "model.safetensors"))
+    tensors["model.layers.1.moe.experts.1.w2.weight"][3, 5] = float("nan")
+    save_file(tensors, str(src / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "out"
+    assert_refused(run_cli(src, "--model-free", "-r", "w8a16", "-o", out), "model.layers.1.moe.experts.1.w2.weight", out)
+    assert_refused(run_cli(src, "--model-free", "-r", "w4a16", "-o", out), "group_size 128", out)
+    done = quantize_model_free(make_unknown_dir(tmp_path / "clean"), "w8a16").save(tmp_path / "done")
+    assert_refused(run_cli(done, "--model-free", "-r", "w8a16", "-o", out), "already quantized", out)
+    assert not out.exists()
+
+
 def test_cli_takes_the_model_free_path_for_an_unknown_folder(tmp_path):
     src = make_unknown_dir(tmp_path / "zorblax")
     out = tmp_path / "out"
