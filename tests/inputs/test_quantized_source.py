@@ -15,6 +15,7 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from quantkit.errors import QuantkitError
 from quantkit.inputs.source import SafetensorsSource
+from quantkit.pipeline.layout import check_layout
 from quantkit.runtime.dequantized import load_dequantized
 
 from families import family_config, save_random
@@ -206,6 +207,20 @@ def test_mxfp4_experts_equal_transformers_dequantization(mxfp4):
     # transformers' GptOssExperts layout: gate_up_proj [E, hidden, 2 * inter], down_proj [E, inter, hidden]
     assert source.describe("model.layers.0.mlp.experts.gate_up_proj")[1] == (4, 96, 128)
     assert source.describe("model.layers.0.mlp.experts.down_proj")[1] == (4, 64, 96)
+
+
+def test_mxfp4_source_passes_the_layout_check_against_gpt_oss(mxfp4):
+    """Every tensor presented has its place, shape and a float dtype in transformers' own gpt-oss
+    (nothing dropped, no scale left over)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(mxfp4)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    warnings = []
+    check_layout(model, "model.layers", config, SafetensorsSource(mxfp4), "config.json", warnings.append)
+    assert warnings == []
 
 
 def test_mxfp4_source_model_equals_transformers(mxfp4):
