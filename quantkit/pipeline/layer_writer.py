@@ -72,6 +72,12 @@ def write_kv_scales(state: RunState, prefix: str, kv: tuple[nn.Module, KVObserve
         state.writer.add(f"{prefix}{state.spec.attention}.{leaf}", scale)
 
 
+# docs/PLATFORM.md, "transformers": its loader drops the per-expert global scale
+NVFP4_EXPERTS_NOTE = ("NVFP4 experts: transformers 5.25 with compressed-tensors reads per-expert NVFP4 weights without "
+                      "their weight_global_scale (wrong experts, no error); read this checkpoint with quantkit.load or "
+                      "vLLM, not plain transformers (docs/PLATFORM.md)")
+
+
 def write_metadata(state: RunState) -> None:
     """``config.json`` with its ``quantization_config``, and ``quantization_log.json``."""
     recipe, lg = state.recipe, state.log
@@ -82,6 +88,8 @@ def write_metadata(state: RunState) -> None:
     cfg["dtype"] = str(checkpoint_dtype(set(lg.formats), config_dtype(state.config))).removeprefix("torch.")
     cfg.pop("torch_dtype", None)
     warn = state.options.warn or state.options.log
+    if state.spec.moe is not None and "nvfp4-pack-quantized" in lg.formats and warn is not None:
+        warn(NVFP4_EXPERTS_NOTE)
     write_strict(state.writer, "config.json", cfg, warn)
     quant_log: dict[str, Any] = {
         "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": state.arch_name,

@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 import torch
 from torch import nn
 from quantkit.arch.lookup import arch_for
+from quantkit.pipeline.named_source import named_as_modules
 from quantkit.pipeline.onload import build_skeleton
 from quantkit.errors import QuantkitError
 
@@ -24,7 +25,8 @@ def check_checkpoint(config, source, config_file: str, warn: Callable[[str], Non
     """``check_layout`` against the skeleton built from ``config`` (its architecture must be supported)."""
 
     _, spec = arch_for(config)
-    check_layout(build_skeleton(config), spec.layers, config, source, config_file, warn)
+    model = build_skeleton(config)
+    check_layout(model, spec.layers, config, named_as_modules(model, source), config_file, warn)
 
 
 def check_layout(model: nn.Module, layers_path: str, config, source, config_file: str,
@@ -63,9 +65,11 @@ def check_layout(model: nn.Module, layers_path: str, config, source, config_file
 def _check_head(model: nn.Module, params: dict, config, source, config_file: str) -> None:
     """An untied output head must be in the checkpoint: without it the converted model would
     have none (transformers would draw one at random), which the evaluation then refuses."""
-    text = getattr(config, "text_config", None) or config
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is None or getattr(text, "tie_word_embeddings", getattr(config, "tie_word_embeddings", False)):
+    # a vision-language wrapper's flag and its text config's may disagree: transformers follows the wrapper's
+    text = getattr(config, "text_config", None) or config
+    tie = getattr(config, "tie_word_embeddings", None)
+    if head is None or (tie if tie is not None else getattr(text, "tie_word_embeddings", False)):
         return
     name = next((n for n, p in params.items() if p is head.weight), None)
     if name is not None and name not in source:

@@ -34,6 +34,7 @@ from quantkit.common import distributed
 from quantkit.steps import LayerContext, QuantizedWeight
 from quantkit.arch.lookup import arch_for
 from quantkit.pipeline.layout import COMPUTED_SUFFIXES
+from quantkit.pipeline.named_source import named_as_modules, writing_stored_names
 from quantkit.arch.spec import attention_of
 from quantkit.common.crashpoints import kill_point
 from quantkit.errors import QuantkitError
@@ -113,6 +114,8 @@ def _open(config, source, recipe: Recipe, samples: list[list[int]] | None, write
     advise_huge_pages()   # first here: a bad QUANTKIT_HEAP_HUGE_PAGES fails before anything is written
     arch_name, spec = arch_for(config)
     model = build_skeleton(config)
+    source = named_as_modules(model, source)        # read by module names, written back as stored
+    writer = writing_stored_names(writer, source)
     _check_tensors(get_module(model, spec.layers), spec.layers, source)
     transforms, quantizer = build_steps(recipe)
     config, source = rotated_inputs(config, spec, model, source, recipe)

@@ -19,6 +19,8 @@ from quantkit.arch.lookup import arch_for
 from quantkit.arch.spec import attention_of
 from quantkit.errors import QuantkitError
 from quantkit.arch.experts import unfuse_model
+from quantkit.arch.meta import auto_class
+from quantkit.pipeline.named_source import named_as_modules
 from quantkit.formats.compressed_tensors import parse_quantization_config, scheme_for
 from quantkit.kernels import backend_for_format, collecting_fallbacks, select_backend
 from quantkit.kv_cache import KVCacheScheme, register_scales, use_kv_attention
@@ -35,7 +37,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         >>> model(input_ids).logits                                     # doctest: +SKIP
     """
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     path = Path(path)
     source = SafetensorsSource(path)
@@ -51,7 +53,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
     plain = type(config).from_dict(cfg)
     dtype = _config_dtype(plain)
     with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(plain, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = auto_class(plain).from_config(plain, dtype=dtype, trust_remote_code=trust_remote_code)
     unfuse_model(model, plain)   # MoE experts as the checkpoint's per-expert linears
     with collecting_fallbacks() as fallbacks:   # the device's: the modules' are added below
         chosen = select_backend(torch.device(device).type, backend)
@@ -72,6 +74,7 @@ def load(path: str | Path, backend: str | None = None, device: str = "cpu", trus
         kv_heads = getattr(plain, "num_key_value_heads", None) or plain.num_attention_heads
         for attention in filter(None, (attention_of(layer, spec) for layer in model.get_submodule(spec.layers))):
             register_scales(attention, kv_scheme, kv_heads, dtype, "meta")
+    source = named_as_modules(model, source)   # a checkpoint stored under transformers' older names
     expected = dict(model.state_dict())
     state = {}
     for k in source.keys():

@@ -61,7 +61,7 @@ def test_a_gemma_norm_folds_with_offset_one_and_a_llama_norm_with_zero():
 
 # families no file of quantkit names; and families the brief names whose structure derives
 UNNAMED = ["OLMo 2", "Command R (Cohere)", "StarCoder2", "EXAONE 4", "GLM-4", "Helium"]
-NAMED = ["DeepSeek-V3", "GLM-4.5", "Qwen3-Next", "Qwen3-VL"]
+NAMED = ["DeepSeek-V3", "GLM-4.5", "Qwen3-Next", "Qwen3-VL", "Qwen2.5-VL", "Gemma 3 (multimodal)"]
 
 
 def _nowhere_in_quantkit(config) -> bool:
@@ -219,3 +219,46 @@ def test_a_scale_folding_step_without_any_mapping_is_refused_and_a_partial_one_w
     assert len(warned) == 1 and "self_attn.q_proj+self_attn.k_proj+self_attn.v_proj" in warned[0]
     with pytest.raises(QuantkitError, match="no place to fold scales"):
         check_fold_coverage("Olmo2ForCausalLM", replace(spec, smooth_mappings=()), recipe, warned.append)
+
+
+def _stored(folder: Path) -> set[str]:
+    from safetensors import safe_open
+
+    keys: set[str] = set()
+    for f in folder.glob("*.safetensors"):
+        with safe_open(f, "pt") as h:
+            keys |= set(h.keys())
+    return keys
+
+
+def test_a_checkpoint_stored_under_other_names_keeps_them(family_dirs, tmp_path):
+    """Qwen2.5-VL's checkpoints store ``model.layers`` where its modules are
+    ``model.language_model.layers``: quantkit reads by module name and writes the stored names
+    back, the vision tower unquantized and in ``ignore``; quantkit.load reads the result too."""
+    import json
+
+    folder = family_dirs("Qwen2.5-VL")
+    source = _stored(folder)
+    assert any(k.startswith("model.layers.") for k in source)
+    out = quantkit.quantize(str(folder), "w8a16").save(tmp_path / "out")
+    written = _stored(out)
+    assert not any(k.startswith("model.language_model.") for k in written)
+    kept = {k for k in source if not k.endswith("_proj.weight") or k.startswith("visual.")}
+    assert kept <= written and "model.layers.0.self_attn.q_proj.weight_packed" in written
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert any(n.startswith("model.visual.") for n in ignore) and "lm_head" in ignore
+    a = _logits(quantkit.load(out), _IDS[1])
+    b = _logits(auto_class(family_config("Qwen2.5-VL")).from_pretrained(out, dtype="auto"), _IDS[1])
+    assert (a - b).abs().max() <= 1e-4 * b.abs().max()
+
+
+def test_nvfp4_experts_say_plain_transformers_misreads_them(family_dirs, tmp_path):
+    """transformers 5.25 fuses per-expert NVFP4 weights without their global scale
+    (docs/PLATFORM.md): the conversion says so in its log, for a derived MoE family too."""
+    import json
+
+    out = quantkit.quantize(str(family_dirs("GLM-4.5")), "nvfp4a16").save(tmp_path / "out")
+    warnings = json.loads((out / "quantization_log.json").read_text())["warnings"]
+    assert any("weight_global_scale" in w and "quantkit.load" in w for w in warnings), warnings
+    dense = quantkit.quantize(str(family_dirs("OLMo 2")), "nvfp4a16").save(tmp_path / "dense")
+    assert not any("weight_global_scale" in w for w in json.loads((dense / "quantization_log.json").read_text())["warnings"])
