@@ -46,7 +46,8 @@ _VISION = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_
 VISION_FAMILIES: dict[str, tuple[str, dict, dict, dict]] = {
     "Qwen2.5-VL": ("Qwen2_5_VLConfig", dict(rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]}),
                    dict(_VISION, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
-                        fullatt_block_indexes=[1]), {}),
+                        fullatt_block_indexes=[1]),
+                   dict(image_token_id=250, video_token_id=251, vision_start_token_id=252, vision_end_token_id=253)),
     "Qwen3-VL": ("Qwen3VLConfig", dict(head_dim=32, rope_scaling={"rope_type": "default", "mrope_section": [4, 6, 6],
                                                                    "mrope_interleaved": True}),
                  dict(_VISION, deepstack_visual_indexes=[0]), {}),

@@ -5,7 +5,10 @@ Every part of quantkit asks here (``arch_for``); none keeps knowledge of project
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from quantkit.arch.derive import derive_spec
+from quantkit.arch.families import family_fields
 from quantkit.arch.meta import traceable_model
 from quantkit.arch.spec import ArchSpec
 from quantkit.arch.table import named_entry
@@ -30,5 +33,5 @@ def arch_for(config, where: str = "config.json") -> tuple[str, ArchSpec]:
         except Exception as e:  # transformers' own refusal: it names what is wrong with the config
             raise QuantkitError(f"{where}: transformers cannot build '{shown}' ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-        _DERIVED[key] = derive_spec(model, config)
+        _DERIVED[key] = replace(derive_spec(model, config), **family_fields(config))
     return shown, _DERIVED[key]

@@ -198,12 +198,14 @@ def test_experts_held_otherwise_are_refused_in_one_line(family, words):
     assert words in str(e.value) and "\n" not in str(e.value) and "quantkit/arch/" in str(e.value)
 
 
-def test_kv_cache_and_rotation_refused_where_the_fold_is_not_known(family_dirs, tmp_path):
-    folder = family_dirs("OLMo 2")
-    for recipe, words in [("w4a16-g64-gptq-rot", "rotate.residual"), ]:
-        with pytest.raises(QuantkitError) as e:
-            quantkit.quantize(str(folder), recipe, calibration=_IDS)
-        assert words in str(e.value) and "\n" not in str(e.value)
+@pytest.mark.parametrize("family, recipe, words", [
+    ("OLMo 2", "w4a16-g64-gptq-rot", "rotate.residual"),
+    ("DeepSeek-V3", "fp8-dynamic-kv-fp8", "multi-head latent attention"),   # its family file says why
+])
+def test_what_a_trace_cannot_show_is_refused_in_one_line(family, recipe, words, family_dirs):
+    with pytest.raises(QuantkitError) as e:
+        quantkit.quantize(str(family_dirs(family)), recipe, calibration=_IDS)
+    assert words in str(e.value) and "\n" not in str(e.value)
 
 
 def test_a_scale_folding_step_without_any_mapping_is_refused_and_a_partial_one_warns():
@@ -262,3 +264,26 @@ def test_nvfp4_experts_say_plain_transformers_misreads_them(family_dirs, tmp_pat
     assert any("weight_global_scale" in w and "quantkit.load" in w for w in warnings), warnings
     dense = quantkit.quantize(str(family_dirs("OLMo 2")), "nvfp4a16").save(tmp_path / "dense")
     assert not any("weight_global_scale" in w for w in json.loads((dense / "quantization_log.json").read_text())["warnings"])
+
+
+def test_an_image_and_text_prompt_reads_back_as_the_reference(family_dirs, tmp_path):
+    """The vision tower and projector stay as they were: an image+text prompt through the W8A16
+    checkpoint equals the float model with only its decoder linears rounded, and the image moves
+    the logits (the image path is really taken)."""
+    torch.set_num_threads(1)
+    folder = family_dirs("Qwen2.5-VL")
+    out = quantkit.quantize(str(folder), "w8a16").save(tmp_path / "out")
+    cls = auto_class(family_config("Qwen2.5-VL"))
+    ref = cls.from_pretrained(folder, dtype=torch.float32)
+    spec = arch_for(ref.config)[1]
+    _rtn_int8_reference(ref, spec.layers, ())
+    got = cls.from_pretrained(out, dtype="auto")
+    # a 28 px image: 2x2 patches of 14 px, merged 2x2 into the one image token (250)
+    pixels = torch.randn(4, 3 * 2 * 14 * 14, generator=torch.Generator().manual_seed(0))
+    inputs = dict(input_ids=torch.tensor([[5, 6, 252, 250, 253, 7, 8, 9]]), pixel_values=pixels,
+                  image_grid_thw=torch.tensor([[1, 2, 2]]))
+    with torch.no_grad():
+        a, b = ref(**inputs).logits, got(**inputs).logits
+        text_only = got(input_ids=inputs["input_ids"]).logits
+    assert (a - b).abs().max() <= 1e-4 * a.abs().max()
+    assert (b - text_only).abs().max() > 0.01 * b.abs().max()
