@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from quantkit.common.crashpoints import kill_point
 from quantkit.common.disk_space import disk_full_error, is_disk_full
 from quantkit.common.i18n import check_lang
 from quantkit.config.scheme import fp4_kind
@@ -306,6 +307,7 @@ def _write(job: _Job, model) -> PipelineResult:
     parent = Path(options.workdir) if options.workdir is not None else (
         job.out.parent if job.out is not None else Path(tempfile.gettempdir()))
     parent.mkdir(parents=True, exist_ok=True)
+    _remove_dead_runs(parent, job.out, options.log)
     writer = ShardWriter(max_shard_size=job.recipe.output.max_shard_size,
                          folder=staging.make_folder(parent, out=job.out))
     try:
@@ -324,6 +326,18 @@ def _write(job: _Job, model) -> PipelineResult:
                           len(job.stats), len(job.plan.units), job.stats, job.formats)
 
 
+def _remove_dead_runs(parent: Path, out: Path | None, say: Callable[[str], None] | None) -> None:
+    """A killed run of the same output left its staging folder: nothing resumes a model-free run
+    (it is one pass over the shards), so it goes. Live runs' folders and others' are left alone."""
+    if out is None:
+        return
+    for folder, owner in staging.dead_folders(parent):
+        if owner.out == str(out.resolve()):
+            staging.remove(folder)
+            if say is not None:
+                say(f"removed {folder}: the staging folder of a killed run of {out} (pid {owner.pid})")
+
+
 def _write_tensors(job: _Job, writer: ShardWriter) -> None:
     """The model path's order and unit boundaries: each tensor outside the layers a unit of its
     own, then each layer, targets first; a unit's pending tensors flushed early once they pass
@@ -339,6 +353,7 @@ def _write_tensors(job: _Job, writer: ShardWriter) -> None:
     if job.options.progress is not None:
         units = job.options.progress(units, len(plan.units))
     for index, keys in units:
+        kill_point(f"layer:{index}")
         rows: dict[str, torch.Tensor] = {}
         targets = [k for k in keys if module_of(k) in plan.groups]
         for k in targets + [k for k in keys if k not in targets]:

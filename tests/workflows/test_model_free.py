@@ -261,6 +261,29 @@ def test_cli_takes_the_model_free_path_for_an_unknown_folder(tmp_path):
     assert_refused(run_cli(src, "-r", "w4a16-g64-gptq", "-o", tmp_path / "out2"), "config.json", tmp_path / "out2")
 
 
+def test_killed_and_interrupted_runs_leave_nothing_behind(tmp_path, monkeypatch):
+    """SIGTERM after a layer: exit 143, no staging folder, no output. SIGKILL: the staging folder
+    stays (nothing can clean up), and the next run of the same output removes it."""
+    src = make_unknown_dir(tmp_path / "zorblax")
+    out = tmp_path / "out"
+
+    def staged() -> list[Path]:
+        return [p for p in tmp_path.iterdir() if p.name.startswith(".quantkit-tmp")]
+
+    monkeypatch.setenv("QUANTKIT_TEST_KILL_AT", "layer:1")
+    monkeypatch.setenv("QUANTKIT_TEST_KILL_SIGNAL", "TERM")
+    res = run_cli(src, "--model-free", "-r", "w8a16", "-o", out, "--no-eval")
+    assert res.returncode == 143 and "interrupted" in res.stderr, res.stderr
+    assert not staged() and not out.exists()
+    monkeypatch.setenv("QUANTKIT_TEST_KILL_SIGNAL", "KILL")
+    assert run_cli(src, "--model-free", "-r", "w8a16", "-o", out, "--no-eval").returncode == -9
+    assert len(staged()) == 1 and not out.exists()
+    monkeypatch.delenv("QUANTKIT_TEST_KILL_AT")
+    res = run_cli(src, "--model-free", "-r", "w8a16", "-o", out, "--no-eval")
+    assert res.returncode == 0 and "staging folder of a killed run" in res.stderr, res.stderr
+    assert not staged() and (out / "model.safetensors").exists()
+
+
 def test_a_users_folder_is_never_replaced(tmp_path):
     src = make_unknown_dir(tmp_path / "zorblax")
     out = tmp_path / "mine"
