@@ -31,7 +31,8 @@ from moe_models import MOE_ARCHS, make_moe_dir
 
 torch.set_num_threads(1)
 
-RECIPES = ["w8a16", "fp8-dynamic", "nvfp4a16", "w4a16-g64", "fp8-block", "mxfp4a16", "mxfp8", "w8a8"]
+RECIPES = ["w8a16", "fp8-dynamic", "nvfp4a16", "w4a16-g64", "w4a16-asym", "fp8-block", "mxfp4a16", "mxfp8", "MXFP8A16",
+           "w8a8"]
 
 
 def tensors_of(folder: Path, sub: str = "") -> dict[str, tuple[str, torch.Tensor]]:
