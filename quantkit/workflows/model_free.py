@@ -172,11 +172,7 @@ def convert_model_free(model: "str | Path | None", recipe: Recipe, options: Mode
     folder = Path(model) if model is not None else default_model_dir()
     if not folder.is_dir():
         raise QuantkitError(f"{folder}: model folder not found (hub downloads are not supported; pass a local folder)")
-    config = read_config_json(folder)
-    if config.get("quantization_config") is not None:
-        raise QuantkitError(f"{folder}: already quantized (config.json has a quantization_config); pass the "
-                            "original unquantized model")
-    job = _Job(folder, config, recipe, options, FiniteSource(SafetensorsSource(folder)))
+    job = _Job(folder, read_config_json(folder), recipe, options, FiniteSource(open_source(folder)))
     try:
         job.plan = plan_tensors(job)
         result = _write(job, model)
@@ -184,6 +180,33 @@ def convert_model_free(model: "str | Path | None", recipe: Recipe, options: Mode
         job.source.close()
     result.seconds = time.time() - t0
     return QuantizedModel(result, recipe, warnings=job.warnings, out=job.out, inputs=inputs)
+
+
+def open_source(folder: Path) -> SafetensorsSource:
+    """The folder's shards, read lazily. A source that arrives quantized is read as the model path
+    reads it (FP8 with block scales: its weights dequantized, ``inputs/quantized.py``), as long as
+    what it presents is 2-D weights; any other quantized folder is refused."""
+    source = SafetensorsSource(folder)
+    qc = read_config_json(folder).get("quantization_config")
+    layout = source.quantized
+    if qc is not None and layout is None:
+        source.close()
+        raise QuantkitError(f"{folder}: already quantized (config.json has a quantization_config); pass the "
+                            "original unquantized model (quantkit reads FP8 block-scale sources too)")
+    fused = sorted(k for k, d in (layout.derived.items() if layout is not None else ()) if len(d.shape) != 2)
+    if fused:
+        source.close()
+        raise QuantkitError(f"{source.where(fused[0])}: '{fused[0]}' holds fused experts in {layout.method}; a "
+                            "model-free conversion quantizes 2-D weights only (drop --model-free: the model path "
+                            "splits them per expert)")
+    return source
+
+
+def _config_dtype(config: dict) -> torch.dtype | None:
+    """The floating dtype ``config.json`` names (``dtype`` or ``torch_dtype``), or None."""
+    name = config.get("dtype") or config.get("torch_dtype")
+    dtype = getattr(torch, name, None) if isinstance(name, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else None
 
 
 @dataclass
@@ -293,7 +316,7 @@ def _global_scale(job: _Job, module: str) -> torch.Tensor | None:
     if members not in job.scales:
         amaxes, dtype = [], None
         for m in members:
-            w = job.source.get(f"{m}.weight")
+            w = _read(job, f"{m}.weight", cast=True)
             dtype = dtype or w.dtype
             amaxes.append(w.abs().amax())
             del w
@@ -345,7 +368,7 @@ def _write_tensors(job: _Job, writer: ShardWriter) -> None:
     plan, source = job.plan, job.source
     cap = max(writer.flush_bytes, max((_nbytes(source, k) for k in source.keys()), default=0))
     for k in plan.outside:
-        writer.add(k, source.get(k))
+        writer.add(k, source.get(k))   # as the model path copies them: as the source presents them
         writer.end_unit()
         return_freed_memory()
     source.release()
@@ -360,13 +383,24 @@ def _write_tensors(job: _Job, writer: ShardWriter) -> None:
             if k in targets:
                 _write_target(job, writer, module_of(k), rows)
             else:
-                writer.add(k, source.get(k))
+                writer.add(k, _read(job, k, cast=False))
             if writer.pending_bytes > cap:
                 writer.flush()
         residuals.save_layer(writer.tmp, index, rows)
         writer.end_unit()
         source.release()
         return_freed_memory()   # the heap's holes handed back: resident stays what is alive (memory.py)
+
+
+def _read(job: _Job, key: str, cast: bool) -> torch.Tensor:
+    """Tensor ``key`` as the model path holds it: a weight it quantizes (``cast``), or one a
+    quantized source dequantized, in the dtype ``config.json`` names (its layers are built in
+    it); every other tensor as stored."""
+    t = job.source.get(key)
+    layout = job.source.quantized
+    derived = layout is not None and key in layout.derived
+    dtype = _config_dtype(job.config)
+    return t.to(dtype) if dtype is not None and (cast or derived) and t.is_floating_point() else t
 
 
 def _nbytes(source, key: str) -> int:
@@ -380,7 +414,7 @@ def _write_target(job: _Job, writer: ShardWriter, module: str, rows: dict[str, t
     statistics recorded as the model path records them."""
     group = job.plan.groups[module]
     scheme = job.recipe.groups[group]
-    w = job.source.get(f"{module}.weight")
+    w = _read(job, f"{module}.weight", cast=True)
     r = rtn_weight(w, scheme.weights, _global_scale(job, module))
     for name, t in compress_module(r.q, r.scale, r.zero_point, r.g_idx, scheme, None, None, r.global_scale).items():
         writer.add(f"{module}.{name}", t)

@@ -26,6 +26,7 @@ import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.workflows.model_free import ModelFreeOptions, quantize_model_free
 
+from inputs.quantized_sources import make_gpt_oss_dir, save_dequantized, save_fp8_block_source, save_mxfp4_source
 from model_factory import make_llama_dir
 from moe_models import MOE_ARCHS, make_moe_dir
 
@@ -119,6 +120,24 @@ def test_a_bfloat16_checkpoint_equals_the_model_path(llama, tmp_path):
         a = quantkit.quantize(src, recipe).save(tmp_path / f"model-path-{recipe}")
         b = quantize_model_free(src, recipe).save(tmp_path / f"model-free-{recipe}")
         assert_same_checkpoint(a, b)
+
+
+def test_an_fp8_block_source_converts_as_the_model_path_converts_it(tmp_path):
+    """A DeepSeek-style FP8 source (block scales, partial edge blocks) is read dequantized, as the
+    model path reads it: the same bytes as the model path, and as its plain float copy; a source
+    whose quantized experts are fused 3-D tensors (gpt-oss) is refused in one line."""
+    float_dir = make_llama_dir(tmp_path / "float", hidden=320, intermediate=448, heads=5, kv_heads=1, vocab=260)
+    source = save_fp8_block_source(float_dir, tmp_path / "fp8")
+    plain = save_dequantized(source, tmp_path / "dequantized")
+    a = quantkit.quantize(source, "nvfp4a16").save(tmp_path / "model-path")
+    b = quantize_model_free(source, "nvfp4a16").save(tmp_path / "model-free")
+    c = quantize_model_free(plain, "nvfp4a16").save(tmp_path / "model-free-plain")
+    assert_same_checkpoint(a, b)
+    assert_same_checkpoint(b, c)
+    assert not any(k.endswith("_scale_inv") for k in tensors_of(b))
+    gpt_oss = save_mxfp4_source(make_gpt_oss_dir(tmp_path / "gpt-oss"), tmp_path / "mxfp4")
+    with pytest.raises(QuantkitError, match="fused experts"):
+        quantize_model_free(gpt_oss, "w8a16")
 
 
 # -- an architecture transformers does not know --------------------------------------------------
