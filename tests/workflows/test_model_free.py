@@ -32,8 +32,17 @@ from moe_models import MOE_ARCHS, make_moe_dir
 
 torch.set_num_threads(1)
 
+#: two config groups (the MLP in int4 groups, the rest in FP8) and a linear kept by its exact name
+MIXED = {"version": 1, "ignore": ["lm_head", "model.layers.1.self_attn.o_proj"], "algorithm": {"name": "rtn"},
+         "config_groups": {
+             "mlp": {"targets": ["re:.*mlp.*"], "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                            "strategy": "group", "group_size": 64}},
+             "rest": {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "symmetric": True,
+                                                         "strategy": "channel"},
+                      "input_activations": {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                                            "dynamic": True}}}}
 RECIPES = ["w8a16", "fp8-dynamic", "nvfp4a16", "w4a16-g64", "w4a16-asym", "fp8-block", "mxfp4a16", "mxfp8", "MXFP8A16",
-           "w8a8"]
+           "w8a8", MIXED]
 
 
 def tensors_of(folder: Path, sub: str = "") -> dict[str, tuple[str, torch.Tensor]]:
@@ -72,14 +81,16 @@ def llama(tmp_path_factory) -> Path:
                           tie=False)
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RECIPES, ids=[r if isinstance(r, str) else "two-groups" for r in RECIPES])
 def test_bit_identical_to_the_model_path(llama, tmp_path, recipe):
     a = quantkit.quantize(llama, recipe).save(tmp_path / "model-path")
     b = quantize_model_free(llama, recipe).save(tmp_path / "model-free")
     assert_same_checkpoint(a, b)
-    assert json.loads((b / "config.json").read_text())["quantization_config"]["ignore"] == ["lm_head"]
+    mixed = recipe is MIXED
+    kept = ["model.layers.1.self_attn.o_proj", "lm_head"] if mixed else ["lm_head"]
+    assert json.loads((b / "config.json").read_text())["quantization_config"]["ignore"] == kept
     log = json.loads((b / "quantization_log.json").read_text())
-    assert len(log["modules"]) == 14 and "model_free" in log
+    assert len(log["modules"]) == 14 - mixed and "model_free" in log
     assert (b / "README.md").exists() and (b / ".quantkit-output.json").exists()
 
 
