@@ -120,6 +120,18 @@ def test_moe_checkpoints_equal_the_model_path(tmp_path, arch):
     assert_same_checkpoint(a, b)
 
 
+def test_nvfp4_experts_each_share_their_own_global_scale(tmp_path):
+    """gate/up of one expert share a scale (vLLM fuses them into w13), each expert its own, and a
+    down projection keeps its own; the model path shares one across a layer's experts instead."""
+    src = make_moe_dir(tmp_path / "src", "Qwen3MoeForCausalLM")
+    t = load_file(str(quantize_model_free(src, "nvfp4a16").save(tmp_path / "out") / "model.safetensors"))
+    p = "model.layers.0.mlp.experts."
+    scales = [t[f"{p}{e}.gate_proj.weight_global_scale"] for e in range(4)]
+    assert all(torch.equal(scales[e], t[f"{p}{e}.up_proj.weight_global_scale"]) for e in range(4))
+    assert len({float(s) for s in scales}) == 4
+    assert not torch.equal(t[f"{p}0.down_proj.weight_global_scale"], t[f"{p}1.down_proj.weight_global_scale"])
+
+
 def test_a_bfloat16_checkpoint_equals_the_model_path(llama, tmp_path):
     src = tmp_path / "bf16"
     src.mkdir()
