@@ -51,10 +51,10 @@ from quantkit.workflows.convert import QuantizedModel, base_model_name, conversi
 from quantkit.workflows.model_card import write_card
 from quantkit import __version__
 
-#: Linears an engine fuses into one matrix (vLLM's qkv_proj, gate_up_proj, Mixtral's w13), by
-#: their names under one parent: under NVFP4 they share one weight global scale, as the model
-#: path's sub-groups share it (``quantizers/rtn.shared_global_scales``).
-SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"))
+#: Linears an engine fuses into one matrix (vLLM's qkv_proj, gate_up_proj, an expert's w13,
+#: DeepSeek's MLA fused_qkv_a_proj), by their names under one parent: under NVFP4 they share one
+#: weight global scale, as the model path's sub-groups share it (``quantizers/rtn.shared_global_scales``).
+SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"), ("w1", "w3"), ("q_a_proj", "kv_a_proj_with_mqa"))
 
 
 @dataclass(frozen=True)

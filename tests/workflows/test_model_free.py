@@ -122,7 +122,8 @@ def test_moe_checkpoints_equal_the_model_path(tmp_path, arch):
 
 def test_nvfp4_experts_each_share_their_own_global_scale(tmp_path):
     """gate/up of one expert share a scale (vLLM fuses them into w13), each expert its own, and a
-    down projection keeps its own; the model path shares one across a layer's experts instead."""
+    down projection keeps its own; the model path shares one across a layer's experts instead.
+    DeepSeek's MLA q_a_proj and kv_a_proj_with_mqa (vLLM's fused_qkv_a_proj) share theirs."""
     src = make_moe_dir(tmp_path / "src", "Qwen3MoeForCausalLM")
     t = load_file(str(quantize_model_free(src, "nvfp4a16").save(tmp_path / "out") / "model.safetensors"))
     p = "model.layers.0.mlp.experts."
@@ -130,6 +131,16 @@ def test_nvfp4_experts_each_share_their_own_global_scale(tmp_path):
     assert all(torch.equal(scales[e], t[f"{p}{e}.up_proj.weight_global_scale"]) for e in range(4))
     assert len({float(s) for s in scales}) == 4
     assert not torch.equal(t[f"{p}0.down_proj.weight_global_scale"], t[f"{p}1.down_proj.weight_global_scale"])
+    mla = tmp_path / "mla"
+    mla.mkdir()
+    g = torch.Generator().manual_seed(1)
+    a = "model.layers.0.self_attn."
+    save_file({a + "q_a_proj.weight": torch.randn(32, 64, generator=g), a + "o_proj.weight": torch.randn(64, 64, generator=g),
+               a + "kv_a_proj_with_mqa.weight": torch.randn(48, 64, generator=g) * 3}, str(mla / "model.safetensors"))
+    (mla / "config.json").write_text(json.dumps({"model_type": "zorblax"}))
+    t = load_file(str(quantize_model_free(mla, "nvfp4a16").save(tmp_path / "mla-out") / "model.safetensors"))
+    assert torch.equal(t[a + "q_a_proj.weight_global_scale"], t[a + "kv_a_proj_with_mqa.weight_global_scale"])
+    assert not torch.equal(t[a + "q_a_proj.weight_global_scale"], t[a + "o_proj.weight_global_scale"])
 
 
 def test_a_bfloat16_checkpoint_equals_the_model_path(llama, tmp_path):
