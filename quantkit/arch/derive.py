@@ -78,12 +78,14 @@ def derive_spec(model: nn.Module, config) -> ArchSpec:
         mappings = [m for m in mappings if isinstance(layers[0].get_submodule(m.smooth), nn.Linear)]
     offset = offsets.pop() if len(offsets) == 1 else 0.0
     attention = next((t.attention for t in traces if t.attention), None)
+    attending = tuple(i for i, t in enumerate(traces) if t.attention)
     moe = next(filter(None, (experts_spec(layer) for layer in layers)), None)
     return ArchSpec(layers=layers_path, subgroups=subgroups, moe=moe, keep=tuple(n for g in keep for n in g), fused=tuple(g for g in subgroups if len(g) > 1),
                     smooth_mappings=tuple(mappings), attention=attention, k_proj=None, v_proj=None,
                     norm_weight_offset=offset, packed_calibration=False, residual_writers=(),
                     residual_rotation_blocked=NO_ROTATION, derived=True,
-                    kv_cache_blocked="" if attention else NO_ATTENTION)
+                    kv_cache_blocked="" if attention else NO_ATTENTION,
+                    attention_layers=None if len(attending) == len(traces) else attending)
 
 
 def _kept(layer: nn.Module, t: LayerTrace) -> list[str]:

@@ -141,6 +141,10 @@ class ArchSpec:
     keep: tuple[str, ...] = ()
     # why the KV cache cannot be quantized where ``attention`` is None
     kv_cache_blocked: str = ""
+    # the decoder layers that call attention (None: every layer); a hybrid's others hold a fixed state
+    attention_layers: tuple[int, ...] | None = None
+    # multi-head latent attention: the width of the latent the engine caches per token and layer
+    kv_latent: Callable[[Any], int] | None = None
     # True when derived from the model's traced forward (derive.py) rather than named in table.py
     derived: bool = False
 

@@ -19,6 +19,7 @@ from quantkit.common.jsonio import dumps_strict
 from quantkit.config.validation import check_flag
 from quantkit.serving.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, EngineOptions
 from quantkit.evaluation.verdict import noise_text
+from quantkit.evaluation.attention_cache import attention_cache
 
 
 def _fail(msg: str) -> None:
@@ -186,7 +187,8 @@ def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan,
     bits = _checkpoint_bits(cand_dir)
     if kv_option is None:
         kv_option = _checkpoint_kv(cand_dir)
-    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16", kv_option=kv_option).to_dict()
+    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16", kv_option=kv_option,
+              cache=attention_cache(base_dir)).to_dict()
     fp["candidate_bytes_on_disk"] = sum(p.stat().st_size for p in cand_dir.glob("*.safetensors"))
     return fp
 
@@ -432,7 +434,7 @@ def plan_command(
         target = model if model and Path(model).is_file() else resolve_dir(model)
         max_len, note = _plan_length(Path(target), max_len)
         fp = plan(target, gpu_mem, max_len, weights=WeightFormat(weights, group_size), kv=kv,
-                  utilization=utilization, kv_option=option)
+                  utilization=utilization, kv_option=option, cache=attention_cache(target))
     except QuantkitError as e:
         _fail(str(e))
     if emit is not None:

@@ -17,6 +17,7 @@ import yaml
 
 from quantkit.serving.contract import EngineKind
 from quantkit.serving.memory_account import GiB, plan
+from quantkit.evaluation.attention_cache import attention_cache
 from quantkit.serving.registry import DEFAULT_ENGINE, ENGINES
 
 
@@ -38,7 +39,7 @@ def launch_for(model_dir: Path, max_model_len: int, *, cuda: bool, dtype: str, g
     """The launch config for serving ``model_dir`` at ``max_model_len`` with ``kind`` (default: the
     default engine); ``dtype``: what the server runs."""
     kv = "fp32" if dtype in ("float32", "fp32") else "bf16" if dtype in ("bfloat16", "bf16") else "fp16"
-    fp = plan(model_dir, gpu_mem=gpu_mem, max_len=max_model_len, kv=kv)
+    fp = plan(model_dir, gpu_mem=gpu_mem, max_len=max_model_len, kv=kv, cache=attention_cache(model_dir))
     if not cuda:
         fp = replace(fp, gpu_mem_bytes=cpu_kv_cache_gib * GiB, utilization=1.0,
                      concurrency=math.floor(cpu_kv_cache_gib * GiB / fp.kv_bytes_per_request))

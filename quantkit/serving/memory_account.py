@@ -67,6 +67,17 @@ def weight_bytes_at_bits(params: int, bits: float) -> int:
     return int(params * bits / 8)
 
 
+@dataclass(frozen=True)
+class AttentionCache:
+    """What the serving engine caches per token, where the config alone does not say it: how
+    many layers hold a KV cache (a hybrid's linear-attention and state-space layers hold a fixed
+    state instead), and, for multi-head latent attention, the latent's width (one vector per
+    token and layer, for K and V together). Derived from the model by the caller (``arch/``)."""
+
+    kv_layers: int
+    latent: int | None = None
+
+
 @dataclass
 class Shape:
     layers: int
@@ -75,6 +86,8 @@ class Shape:
     params_total: int
     params_quantizable: int     # the decoder layers' Linear weights
     dtype: str
+    kv_layers: int | None = None    # layers holding a KV cache (None: every layer)
+    latent: int | None = None       # MLA: the cached latent's width per token and layer
 
 
 def _count(cfg: dict, key: str) -> int:
@@ -184,10 +197,12 @@ class WeightFormat:
 
 def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 8192,
          weights: WeightFormat | str | None = None, kv: str = "fp16", utilization: float = 0.9,
-         kv_option=None) -> Footprint:
+         kv_option=None, cache: AttentionCache | None = None) -> Footprint:
     """Deployment footprint of ``model`` quantized to ``weights`` (a type name such as "int4", in
     groups of 128 with symmetric scales, or a ``WeightFormat``) with a ``kv`` KV cache, or the
     quantized cache ``kv_option`` (a ``KVOption``; ``kv`` is then the unquantized part's type).
+    ``cache``: the attention cache as derived from the model (hybrid layers, MLA's latent); by
+    default every layer caches ``num_key_value_heads`` heads of K and V.
 
     >>> cfg = dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
     ...            num_key_value_heads=8, vocab_size=128256, intermediate_size=14336)
@@ -224,8 +239,16 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     elif b_after < 8 and group_size:
         per_group = 2 + (0 if symmetric else 1)   # fp16 scale (+ int8 zero point)
         scales = shape.params_quantizable // group_size * per_group
-    dims = (shape.layers, shape.kv_heads, shape.head_dim)
-    if kv_option is None:
+    if cache is not None:
+        shape.kv_layers, shape.latent = cache.kv_layers, cache.latent
+    kv_layers = shape.layers if shape.kv_layers is None else shape.kv_layers
+    dims = (kv_layers, shape.kv_heads, shape.head_dim)
+    if shape.latent is not None and kv_option is not None:
+        raise QuantkitError("--kv: a quantized KV-cache option does not apply to multi-head latent attention "
+                            "(the engine caches the latent, not per-head K and V)")
+    if shape.latent is not None:   # one latent vector per token and layer stands for K and V
+        per_tok, fixed, kv_name = int(kv_layers * shape.latent * kv_bits / 8), 0, kv
+    elif kv_option is None:
         per_tok, fixed, kv_name = kv_bytes_per_token(*dims, kv_bits / 8), 0, kv
     else:
         per_tok = int(math.ceil(kv_option.bytes_per_token(*dims, base_bytes=kv_bits / 8)))
@@ -234,6 +257,6 @@ def plan(model: str | Path | dict, gpu_mem: str | int = "80GiB", max_len: int = 
     per_req = per_tok * max_len + fixed
     free = mem * utilization - wb_after - scales
     conc = max(0, int(free // per_req))
-    return Footprint(shape.layers, shape.kv_heads, shape.head_dim, kv_name, per_tok, max_len, per_req, fixed,
+    return Footprint(kv_layers, shape.kv_heads, shape.head_dim, kv_name, per_tok, max_len, per_req, fixed,
                      shape.params_total, shape.params_quantizable, before, after, wb_before, wb_after,
                      scales, mem, utilization, conc)

@@ -10,9 +10,15 @@ measured in transformers would describe a cache the engine never holds, so KV op
 
 from quantkit.arch.families.registry import register_family
 
+def _latent(config) -> int:
+    text = config.get_text_config()
+    return text.kv_lora_rank + text.qk_rope_head_dim
+
+
 register_family(
     "DeepseekV3ForCausalLM", "KimiK2ForCausalLM",
     attention=None,
+    kv_latent=_latent,
     kv_cache_blocked=("multi-head latent attention: the serving engine caches the compressed latent "
                       "(kv_lora_rank + qk_rope_head_dim per token), not per-head keys and values, so a "
                       "per-head KV scale does not apply"),
