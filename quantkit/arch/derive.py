@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from quantkit.arch.experts_layout import expert_sizes, fused_names
 from quantkit.arch.spec import ArchSpec, MoESpec, SmoothMapping
 from quantkit.arch.trace import LayerTrace, trace_layers
 from quantkit.errors import QuantkitError
@@ -58,8 +59,10 @@ def _ancestors(model: nn.Module, path: str) -> Iterable[nn.Module]:
         yield model.get_submodule(".".join(parts[:i]))
 
 
-def derive_spec(model: nn.Module, config) -> ArchSpec:
-    """An ``ArchSpec`` from ``model`` (a meta skeleton is enough) and one traced forward."""
+def derive_spec(model: nn.Module, config, moe: MoESpec | None = None) -> ArchSpec:
+    """An ``ArchSpec`` from ``model`` (a meta skeleton is enough) and one traced forward; ``moe``,
+    a family file's description of experts held otherwise than by convention, is checked instead
+    of derived."""
     layers_path = find_layers(model, config)
     layers = model.get_submodule(layers_path)
     traces = trace_layers(model, layers)
@@ -79,7 +82,7 @@ def derive_spec(model: nn.Module, config) -> ArchSpec:
     offset = offsets.pop() if len(offsets) == 1 else 0.0
     attention = next((t.attention for t in traces if t.attention), None)
     attending = tuple(i for i, t in enumerate(traces) if t.attention)
-    moe = next(filter(None, (experts_spec(layer) for layer in layers)), None)
+    moe = next(filter(None, (experts_spec(layer, moe) for layer in layers)), None)
     return ArchSpec(layers=layers_path, subgroups=subgroups, moe=moe, keep=tuple(n for g in keep for n in g), fused=tuple(g for g in subgroups if len(g) > 1),
                     smooth_mappings=tuple(mappings), attention=attention, k_proj=None, v_proj=None,
                     norm_weight_offset=offset, packed_calibration=False, residual_writers=(),
@@ -100,28 +103,46 @@ def _kept(layer: nn.Module, t: LayerTrace) -> list[str]:
     return out
 
 
-def experts_spec(layer: nn.Module) -> MoESpec | None:
+def experts_spec(layer: nn.Module, described: MoESpec | None = None) -> MoESpec | None:
     """The layer's sparse experts when transformers holds them as its convention has it
     (``gate_up_proj`` ``[E, 2I, H]`` gate rows then up rows, ``down_proj`` ``[E, H, I]``, no
     biases), stored per expert as ``<experts>.<e>.gate_proj|up_proj|down_proj``; None for a
-    dense layer. Experts held otherwise are refused until their family is described."""
+    dense layer. A family file's ``described`` experts (another ``ExpertLayout``) are checked
+    against the module instead. Experts held otherwise are refused until their family is described."""
     for name, m in layer.named_modules():
-        gate_up, down = getattr(m, "gate_up_proj", None), getattr(m, "down_proj", None)
+        gate_up = getattr(m, "gate_up_proj", None)
         if not (isinstance(gate_up, torch.Tensor) and gate_up.ndim == 3):
             continue
         block, _, leaf = name.rpartition(".")
-        fits = (isinstance(down, torch.Tensor) and down.ndim == 3 and gate_up.shape[0] == down.shape[0]
-                and gate_up.shape[1] == 2 * down.shape[2] and gate_up.shape[2] == down.shape[1]
-                and getattr(m, "gate_up_proj_bias", None) is None and "." not in block)
-        if not fits:
-            raise QuantkitError(f"{type(layer).__name__}: its experts '{name}' are not held as transformers' "
-                                f"convention has them (gate_up_proj {tuple(gate_up.shape)} as [experts, 2 x inter, "
-                                "hidden], no biases); describe the family in quantkit/arch/")
-        router = next((n for n, c in layer.get_submodule(block).named_children()
-                       if isinstance(getattr(c, "weight", None), torch.Tensor) and c.weight.ndim == 2
-                       and c.weight.shape[0] == gate_up.shape[0]), "gate")
-        return MoESpec(block=block, checkpoint_block=block, experts=leaf, router=router)
+        moe = described or MoESpec(block=block, checkpoint_block=block, experts=leaf, router=_router(layer, block, gate_up))
+        if not (f"{moe.block}.{moe.experts}" == name and _fits(m, moe) and "." not in block):
+            held = "its family file describes" if described else "transformers' convention has"
+            raise QuantkitError(f"{type(layer).__name__}: its experts '{name}' are not held as {held} "
+                                f"them (gate_up_proj {tuple(gate_up.shape)} as [experts, 2 x inter, hidden], no "
+                                "biases); describe the family in quantkit/arch/")
+        return moe
     return None
+
+
+def _router(layer: nn.Module, block: str, gate_up: torch.Tensor) -> str:
+    """The block's child whose 2-D weight has one row per expert (its router)."""
+    return next((n for n, c in layer.get_submodule(block).named_children()
+                 if isinstance(getattr(c, "weight", None), torch.Tensor) and c.weight.ndim == 2
+                 and c.weight.shape[0] == gate_up.shape[0]), "gate")
+
+
+def _fits(m: nn.Module, moe: MoESpec) -> bool:
+    """Whether the fused module ``m`` holds its tensors as ``moe.layout`` says."""
+    tensors = {n: getattr(m, n, None) for n in fused_names(moe)}
+    if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return False
+    if not moe.layout.bias and isinstance(getattr(m, f"{moe.fused[0]}_bias", None), torch.Tensor):
+        return False
+    gate_up, down = tensors[moe.fused[0]], tensors[moe.fused[1]]
+    num, hidden, inter = expert_sizes(moe, tuple(gate_up.shape))
+    want = (num, inter, hidden) if moe.layout.transposed else (num, hidden, inter)
+    biases = [tuple(t.shape) for n, t in tensors.items() if n.endswith("_bias")]
+    return tuple(down.shape) == want and biases in ([], [(num, 2 * inter), (num, hidden)])
 
 
 def _merge(per_layer: Iterable[tuple[tuple[str, ...], ...]]) -> tuple[tuple[str, ...], ...]:

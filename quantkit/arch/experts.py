@@ -1,8 +1,9 @@
 """MoE experts as per-expert ``nn.Linear`` modules: the form quantization and checkpoints need.
 
 transformers 5 holds a sparse block's experts as fused 3-D parameters (``ArchSpec.moe``:
-``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]``) and computes them in one
-module, while checkpoints on disk and vLLM's MoE loaders name every expert's linears apart.
+``gate_up_proj`` ``[E, 2I, H]``, ``down_proj`` ``[E, H, I]`` by its convention; other layouts,
+gpt-oss's transposed, interleaved and biased experts, are described by ``MoESpec.layout``) and
+computes them in one module, while checkpoints on disk and vLLM's MoE loaders name every expert's linears apart.
 ``unfuse_experts`` replaces each fused experts module (meta or real) by ``UnfusedExperts``, a
 ``ModuleList`` of ``Expert``s with the checkpoint's names and the fused module's forward, so
 the block's own router and top-k code still run and every per-linear part of quantkit
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 from torch import nn
 
+from quantkit.arch.experts_layout import expert_sizes, expert_tensors, fused_names
 from quantkit.arch.spec import ArchSpec, MoESpec
 from quantkit.arch.lookup import arch_for
 
@@ -31,22 +33,36 @@ if TYPE_CHECKING:
     from quantkit.pipeline.coverage import Routing
 
 
+class GatedActivation(nn.Module):
+    """``act(gate) * up``: how transformers' conventional experts combine their gate and up outputs."""
+
+    def __init__(self, act: nn.Module):
+        super().__init__()
+        self.act = act
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return self.act(gate) * up
+
+
 class Expert(nn.Module):
-    """One expert's gated MLP: ``down(act(gate(x)) * up(x))``, its linears named as on disk."""
+    """One expert's gated MLP: ``down(act(gate(x), up(x)))``, its linears named as on disk.
+
+    ``act`` combines the gate and up outputs (``GatedActivation(nn.SiLU())``: SwiGLU); ``bias``
+    gives every linear a bias (gpt-oss)."""
 
     def __init__(self, names: tuple[str, str, str], hidden: int, inter: int, act: nn.Module,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, bias: bool = False):
         super().__init__()
         self.names = names
         gate, up, down = names
-        setattr(self, gate, nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device))
-        setattr(self, up, nn.Linear(hidden, inter, bias=False, dtype=dtype, device=device))
-        setattr(self, down, nn.Linear(inter, hidden, bias=False, dtype=dtype, device=device))
+        setattr(self, gate, nn.Linear(hidden, inter, bias=bias, dtype=dtype, device=device))
+        setattr(self, up, nn.Linear(hidden, inter, bias=bias, dtype=dtype, device=device))
+        setattr(self, down, nn.Linear(inter, hidden, bias=bias, dtype=dtype, device=device))
         self.act_fn = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up, down = (getattr(self, n) for n in self.names)
-        return down(self.act_fn(gate(x)) * up(x))
+        return down(self.act_fn(gate(x), up(x)))
 
 
 class UnfusedExperts(nn.ModuleList):
@@ -136,6 +152,11 @@ def unfuse_model(model: nn.Module, config) -> int:
     return unfuse_experts(model, spec.layers, spec.moe)
 
 
+def expert_activation(moe: MoESpec, fused: nn.Module) -> nn.Module:
+    """The module combining an expert's gate and up outputs, as the fused module ``fused`` does."""
+    return moe.activation(fused) if moe.activation is not None else GatedActivation(fused.act_fn)
+
+
 def unfuse_experts(model: nn.Module, layers_path: str, moe: MoESpec) -> int:
     """Replace every fused experts module under ``layers_path`` by ``UnfusedExperts``.
 
@@ -149,15 +170,16 @@ def unfuse_experts(model: nn.Module, layers_path: str, moe: MoESpec) -> int:
         fused = getattr(block, moe.experts, None) if block is not None else None
         if fused is None or not isinstance(getattr(fused, moe.fused[0], None), torch.Tensor):
             continue
-        gate_up, down = getattr(fused, moe.fused[0]), getattr(fused, moe.fused[1])
-        num, inter, hidden = gate_up.shape[0], gate_up.shape[1] // 2, gate_up.shape[2]
-        experts = [Expert(moe.linears, hidden, inter, fused.act_fn, gate_up.dtype, gate_up.device)
-                   for _ in range(num)]
+        gate_up = getattr(fused, moe.fused[0])
+        num, hidden, inter = expert_sizes(moe, tuple(gate_up.shape))
+        experts = [Expert(moe.linears, hidden, inter, expert_activation(moe, fused), gate_up.dtype, gate_up.device,
+                          bias=moe.layout.bias) for _ in range(num)]
         if gate_up.device.type != "meta":
+            tensors = {n: getattr(fused, n) for n in fused_names(moe)}
             with torch.no_grad():
                 for e, expert in enumerate(experts):
-                    for name, w in zip(moe.linears, (gate_up[e, :inter], gate_up[e, inter:], down[e])):
-                        getattr(expert, name).weight.copy_(w)
+                    for name, t in expert_tensors(moe, tensors, e).items():
+                        expert.get_parameter(name).copy_(t)
         setattr(block, moe.experts, UnfusedExperts(experts))
         if moe.checkpoint_block != moe.block:
             _rename_child(layer, moe.block, moe.checkpoint_block)
@@ -176,29 +198,33 @@ def _rename_child(parent: nn.Module, old: str, new: str) -> None:
 def per_expert_state(state: dict[str, torch.Tensor], config) -> dict[str, Any]:
     """An in-memory model's state dict with fused experts split as checkpoints name them.
 
-    ``<layer>.<block>.<experts>.<fused[0]>`` becomes ``<layer>.<checkpoint_block>.<experts>.<e>.
-    <gate|up>.weight`` (views of its rows), ``<fused[1]>`` the down projections; the block's other
-    tensors (the router) move to ``checkpoint_block``. Copies: safetensors refuses tensors sharing storage. A dense model's state dict is returned as is.
+    A block's fused tensors (``<layer>.<block>.<experts>.<fused_names>``) become ``<layer>.
+    <checkpoint_block>.<experts>.<e>.<linear>.weight`` (and ``.bias``), sliced as ``moe.layout``
+    says; the block's other tensors (the router) move to ``checkpoint_block``. Copies: safetensors
+    refuses tensors sharing storage. A dense model's state dict is returned as is.
     """
     spec = _spec(config)
     if spec.moe is None:
         return state
     moe, layers_path = spec.moe, spec.layers
+    names = fused_names(moe)
     out: dict[str, Any] = {}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in state.items():
         head, sep, rest = key.partition(f".{moe.block}.")
         if not (sep and head.startswith(layers_path + ".")):
             out[key] = t
             continue
         block = f"{head}.{moe.checkpoint_block}."
-        if rest == f"{moe.experts}.{moe.fused[0]}":
-            inter = t.shape[1] // 2
-            for e in range(t.shape[0]):
-                out[f"{block}{moe.experts}.{e}.{moe.linears[0]}.weight"] = t[e, :inter].clone()
-                out[f"{block}{moe.experts}.{e}.{moe.linears[1]}.weight"] = t[e, inter:].clone()
-        elif rest == f"{moe.experts}.{moe.fused[1]}":
-            for e in range(t.shape[0]):
-                out[f"{block}{moe.experts}.{e}.{moe.linears[2]}.weight"] = t[e].clone()
-        else:
+        experts, _, leaf = rest.partition(".")
+        if experts != moe.experts or leaf not in names:
             out[block + rest] = t
+            continue
+        pending.setdefault(block, {})[leaf] = t
+        if len(pending[block]) < len(names):
+            continue
+        fused = pending.pop(block)
+        for e in range(t.shape[0]):
+            for name, part in expert_tensors(moe, fused, e).items():
+                out[f"{block}{moe.experts}.{e}.{name}"] = part.clone(memory_format=torch.contiguous_format)
     return out

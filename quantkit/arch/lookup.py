@@ -33,5 +33,6 @@ def arch_for(config, where: str = "config.json") -> tuple[str, ArchSpec]:
         except Exception as e:  # transformers' own refusal: it names what is wrong with the config
             raise QuantkitError(f"{where}: transformers cannot build '{shown}' ({type(e).__name__}: "
                                 f"{str(e).splitlines()[0][:200] if str(e) else ''})") from None
-        _DERIVED[key] = replace(derive_spec(model, config), **family_fields(config))
+        fields = family_fields(config)
+        _DERIVED[key] = replace(derive_spec(model, config, fields.get("moe")), **fields)
     return shown, _DERIVED[key]

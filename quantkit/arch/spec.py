@@ -64,6 +64,23 @@ _LLAMA_FUSED = (
 
 
 @dataclass(frozen=True)
+class ExpertLayout:
+    """How a fused experts module holds its per-expert linears, as data.
+
+    transformers' convention (Qwen-, DeepSeek-, GLM-style, Mixtral) is the default: ``gate_up``
+    ``[experts, 2 x inter, hidden]`` with the gate rows then the up rows, ``down`` ``[experts,
+    hidden, inter]``, no biases. ``transposed``: each expert is stored ``[in, out]`` (gpt-oss:
+    ``gate_up`` ``[experts, hidden, 2 x inter]``, ``down`` ``[experts, inter, hidden]``).
+    ``interleaved``: gate and up alternate along ``gate_up``'s outputs (gate ``[..., ::2]``, up
+    ``[..., 1::2]``). ``bias``: each fused parameter has a ``<name>_bias`` ``[experts, out]``.
+    """
+
+    transposed: bool = False
+    interleaved: bool = False
+    bias: bool = False
+
+
+@dataclass(frozen=True)
 class MoESpec:
     """A sparse mixture-of-experts block, as transformers holds it and as checkpoints name it.
 
@@ -76,6 +93,8 @@ class MoESpec:
     disk (Mixtral: ``block_sparse_moe``). The ``router`` (not an ``nn.Linear`` in transformers
     5) stays in the model's dtype and is listed in the checkpoint's ``ignore``; so are the
     block's ``keep`` linears (Qwen2-MoE's ``shared_expert_gate``, one output: a scalar gate).
+    A family holding its experts otherwise (gpt-oss) describes them in ``layout`` and
+    ``activation``.
     """
 
     block: str = "mlp"
@@ -85,6 +104,12 @@ class MoESpec:
     linears: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")
     router: str = "gate"
     keep: tuple[str, ...] = ()
+    # how ``fused`` holds the experts (the same layout in memory and, where a checkpoint stores them
+    # fused, on disk)
+    layout: ExpertLayout = ExpertLayout()
+    # ``activation(fused experts module)`` -> a module combining an expert's gate and up outputs,
+    # ``act(gate, up)``; None: the fused module's ``act_fn(gate) * up``
+    activation: Callable[[Any], Any] | None = None
 
     @property
     def experts_path(self) -> str:

@@ -55,9 +55,9 @@ def plan_stream(layer: nn.Module, budget: int) -> StreamPlan | None:
     """None when the layer's weights fit ``budget`` bytes or it has no experts block; else the
     chunks: the rest of the layer plus one chunk of experts fits the budget, one expert at least.
 
-    >>> from quantkit.arch.experts import Expert
+    >>> from quantkit.arch.experts import Expert, GatedActivation
     >>> layer = nn.Module(); layer.norm = nn.Linear(8, 8, bias=False)      # 256 bytes
-    >>> layer.experts = UnfusedExperts([Expert(("g", "u", "d"), 8, 4, nn.SiLU(), torch.float32,
+    >>> layer.experts = UnfusedExperts([Expert(("g", "u", "d"), 8, 4, GatedActivation(nn.SiLU()), torch.float32,
     ...                                        torch.device("meta")) for _ in range(5)])  # 384 each
     >>> plan_stream(layer, 1200).chunks, plan_stream(layer, 10_000)
     ([[0, 1], [2, 3], [4]], None)

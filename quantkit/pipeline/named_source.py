@@ -12,6 +12,8 @@ from typing import Iterable
 import torch
 
 from quantkit.arch.checkpoint_names import module_names
+from quantkit.arch.lookup import arch_for
+from quantkit.pipeline.fused_experts import per_expert_view
 
 
 class ModuleNamedSource:
@@ -95,7 +97,9 @@ def renamed_prefixes(disk_to_module: dict[str, str]) -> dict[str, str]:
 
 
 def named_as_modules(model, source):
-    """``source`` as the model's modules name it (as given when transformers renames nothing)."""
+    """``source`` as the model's modules name it (as given when transformers renames nothing), its
+    experts read per expert where it stores them fused (``fused_experts.py``)."""
+    source = per_expert_view(source, arch_for(model.config)[1].moe)
     renamed = module_names(model, source.keys())
     return ModuleNamedSource(source, renamed) if renamed else source
 

@@ -15,7 +15,16 @@ def register_family(*class_names: str, **fields: Any) -> None:
 
 def family_fields(config) -> dict[str, Any]:
     """The fields a family file sets for ``config``'s architecture (none for most families)."""
-    for name in getattr(config, "architectures", None) or []:
+    for name in getattr(config, "architectures", None) or _causal_lm_class(config):
         if name in FAMILY_FIELDS:
             return FAMILY_FIELDS[name]
     return {}
+
+
+def _causal_lm_class(config) -> list[str]:
+    """The causal-LM class transformers builds for a config that names no ``architectures`` (one
+    built in memory rather than read from ``config.json``)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    return [name] if isinstance(name, str) else []

@@ -1,0 +1,113 @@
+"""Experts a checkpoint stores fused, read per expert: a source view.
+
+gpt-oss's checkpoints store each block's experts as one tensor per fused parameter
+(``<layer>.mlp.experts.gate_up_proj`` ``[E, hidden, 2 x inter]`` with its ``_bias``, ``down_proj``
+...), as transformers holds them, while quantkit's model, its targets and its output name every
+expert's linears apart (``arch/experts.py``). ``FusedExpertsSource`` presents the per-expert names
+(``<layer>.<block>.<experts>.<e>.<linear>.weight`` / ``.bias``) and slices them out of the stored
+tensors as ``MoESpec.layout`` describes (``arch/experts_layout.py``, the same slicing the
+model's own unfusing uses), for any fused layout the spec describes. It reads a block's fused
+tensors once, when the first of its experts is asked for, and keeps that one block only (the
+next block, or ``release()`` between layers, drops it): a layer's onload holds at most one
+block's experts twice (the fused tensors and the per-expert copies), as long as it takes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable
+
+import torch
+
+from quantkit.arch.experts_layout import expert_sizes, expert_tensors, fused_names
+from quantkit.arch.spec import MoESpec
+
+
+class FusedExpertsSource:
+    """``source`` with each block's fused expert tensors presented per expert (``keys``, ``get``,
+    ``describe``); every other tensor is the wrapped source's."""
+
+    def __init__(self, source, moe: MoESpec, blocks: dict[str, int]):
+        self._source = source
+        self._moe = moe
+        self._blocks = blocks                 # "<layer>.<block>.<experts>." -> experts in the block
+        self._fused = {f"{b}{n}" for b in blocks for n in fused_names(moe)}
+        self._names = {f"{b}{e}.{leaf}": b for b, num in blocks.items() for e in range(num)
+                       for leaf in _leaves(moe)}
+        self._held: tuple[str, dict[str, torch.Tensor]] | None = None
+        self.folder = getattr(source, "folder", None)
+
+    def __getattr__(self, name):   # the wrapped source's other attributes (quantized, files, ...)
+        return getattr(self._source, name)
+
+    def keys(self) -> Iterable[str]:
+        out = [k for k in self._source.keys() if k not in self._fused]
+        return out + list(self._names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._names or (name not in self._fused and name in self._source)
+
+    def where(self, name: str) -> str:
+        block = self._names.get(name)
+        return self._source.where(block + self._moe.fused[0] if block is not None else name)
+
+    def describe(self, name: str):
+        block = self._names.get(name)
+        if block is None:
+            return self._source.describe(name)
+        dtype, shape = self._source.describe(block + self._moe.fused[0])
+        _, hidden, inter = expert_sizes(self._moe, tuple(shape))
+        _, _, leaf = name[len(block):].partition(".")
+        linear, _, kind = leaf.rpartition(".")
+        out_features, in_features = (hidden, inter) if linear == self._moe.linears[2] else (inter, hidden)
+        return dtype, ((out_features, in_features) if kind == "weight" else (out_features,))
+
+    def get(self, name: str) -> torch.Tensor:
+        block = self._names.get(name)
+        if block is None:
+            return self._source.get(name)
+        if self._held is None or self._held[0] != block:
+            self._held = None    # the previous block's tensors go before the next block's are read
+            self._held = (block, {n: self._source.get(block + n) for n in fused_names(self._moe)})
+        index, _, leaf = name[len(block):].partition(".")
+        part = expert_tensors(self._moe, self._held[1], int(index))[leaf]
+        return part.clone(memory_format=torch.contiguous_format)
+
+    def nbytes(self, names: Iterable[str] | None = None) -> int:
+        if names is None:
+            return self._source.nbytes(None)
+        stored = set()
+        for n in names:
+            block = self._names.get(n)
+            stored.update([block + f for f in fused_names(self._moe)] if block is not None else [n])
+        return self._source.nbytes(stored)
+
+    def release(self) -> None:
+        self._held = None
+        self._source.release()
+
+    def close(self) -> None:
+        self._held = None
+        self._source.close()
+
+
+def _leaves(moe: MoESpec) -> list[str]:
+    kinds = ("weight", "bias") if moe.layout.bias else ("weight",)
+    return [f"{linear}.{kind}" for linear in moe.linears for kind in kinds]
+
+
+def per_expert_view(source, moe: MoESpec | None):
+    """``source`` read per expert where it stores ``moe``'s experts fused (as given otherwise).
+
+    A block is found by its first fused tensor, ``<prefix>.<index>.<checkpoint_block>.<experts>.
+    <fused[0]>``, whatever the layers' path (the keys may still be the checkpoint's own names)."""
+    if moe is None:
+        return source
+    pattern = re.compile(rf"(.*\.\d+\.{re.escape(moe.checkpoint_block)}\.{re.escape(moe.experts)}\.)"
+                         rf"{re.escape(moe.fused[0])}$")
+    blocks = {}
+    for key in source.keys():
+        found = pattern.fullmatch(key)
+        if found is not None:
+            blocks[found.group(1)] = int(source.describe(key)[1][0])
+    return FusedExpertsSource(source, moe, blocks) if blocks else source
