@@ -17,7 +17,8 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     # named in the brief
     "DeepSeek-V3": ("DeepseekV3Config", dict(_MOE, n_routed_experts=4, first_k_dense_replace=1, kv_lora_rank=64,
                                              q_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
-                                             v_head_dim=64, n_group=1, topk_group=1, head_dim=32)),
+                                             v_head_dim=64, n_group=1, topk_group=1, head_dim=32,
+                                             num_key_value_heads=4)),   # MLA: one latent read by every head
     "GLM-4.5": ("Glm4MoeConfig", dict(_MOE, n_routed_experts=4, first_k_dense_replace=1, n_group=1, topk_group=1,
                                       head_dim=32)),
     "Qwen3-Next": ("Qwen3NextConfig", dict(_MOE, num_experts=4, shared_expert_intermediate_size=128, head_dim=32,

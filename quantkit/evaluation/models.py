@@ -63,8 +63,9 @@ class _GivenStates(nn.Module):
         self.states = states
 
     def forward(self, *args, **kwargs):
-        from transformers.modeling_outputs import BaseModelOutputWithPast
-        return BaseModelOutputWithPast(last_hidden_state=self.states)
+        # the MoE output type: a superset whose router_logits (None) some MoE heads read unconditionally
+        from transformers.modeling_outputs import MoeModelOutputWithPast
+        return MoeModelOutputWithPast(last_hidden_state=self.states)
 
 
 @torch.inference_mode()
