@@ -3,7 +3,8 @@
 Every family is a tiny random model built from transformers' own config class
 (``tests/families.py``, ``tests/arch_configs.py``; weights N(0, 0.05)). Each recipe converts it
 (or is refused: its one line is quoted), the output is read back by plain transformers +
-compressed-tensors with ``dtype="auto"``, and its logits on 32 random token ids are compared
+compressed-tensors with ``dtype="auto"`` (by ``quantkit.load`` where transformers reports
+tensors missing: gpt-oss's per-expert linears), and its logits on 32 random token ids are compared
 with the float model's: the largest difference over the largest float logit, and the top-1
 agreement. The trace the architecture is derived from is timed against the W8A16 conversion.
 
@@ -54,19 +55,24 @@ def _cell(folder: Path, recipe: str, ref, cls, ids: list[list[int]], work: Path)
         return {"refused": str(e)}
     seconds = time.perf_counter() - start
     try:
-        got = cls.from_pretrained(out, dtype="auto")
+        got, info = cls.from_pretrained(out, dtype="auto", output_loading_info=True)
     except Exception as e:  # transformers' own error, quoted
         return {"seconds": seconds, "load_error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
+    reader = "transformers"
+    if info["missing_keys"]:   # names plain transformers has no place for (gpt-oss's per-expert linears)
+        got, reader = quantkit.load(out), "quantkit.load"
     x = torch.tensor([ids[0][:32]])
     with torch.no_grad():
         a, b = ref(input_ids=x).logits.float(), got(input_ids=x).logits.float()
     return {"seconds": round(seconds, 2), "rel": round(float((a - b).abs().max() / a.abs().max()), 4),
-            "top1": round(float((a.argmax(-1) == b.argmax(-1)).float().mean()), 3), "dtype": str(got.dtype)}
+            "top1": round(float((a.argmax(-1) == b.argmax(-1)).float().mean()), 3), "dtype": str(got.dtype),
+            "reader": reader}
 
 
 def _row(name: str, make, work: Path) -> dict:
     from families import save_random
     from quantkit.arch.derive import derive_spec
+    from quantkit.arch.families import family_fields
     from quantkit.arch.meta import auto_class, traceable_model
     from quantkit.errors import QuantkitError
 
@@ -75,7 +81,7 @@ def _row(name: str, make, work: Path) -> dict:
     save_random(config, folder)
     start = time.perf_counter()
     try:
-        derive_spec(traceable_model(config), config)
+        derive_spec(traceable_model(config), config, family_fields(config).get("moe"))
         trace = round(time.perf_counter() - start, 3)
     except QuantkitError as e:
         trace = f"refused: {e}"
@@ -100,7 +106,8 @@ def _markdown(rows: list[dict]) -> str:
             elif "load_error" in c:
                 cells.append(f"converted; transformers: {c['load_error'][:80]}")
             else:
-                cells.append(f"{c['rel']:.3f} / {c['top1']:.2f}")
+                read = " (quantkit.load)" if c.get("reader") == "quantkit.load" else ""
+                cells.append(f"{c['rel']:.3f} / {c['top1']:.2f}{read}")
         trace = r["trace_s"] if isinstance(r["trace_s"], float) else "refused"
         lines.append(f"| {r['family']} | {r['class']} | {trace} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
