@@ -204,6 +204,20 @@ def _checkpoint_kv(ckpt: Path):
     return kv_option("fp8-tensor" if scheme.get("strategy") == "tensor" else "fp8-head")
 
 
+def _checkpoint_format(target: Path, group_size: int):
+    """The weights of a quantized checkpoint as its ``quantization_config`` says (type, group
+    size, symmetry of its first group); a float model's are kept (``WeightFormat()``)."""
+    from quantkit.serving.memory_account import WeightFormat
+
+    folder = target if target.is_dir() else target.parent
+    bits = _checkpoint_bits(folder) if (folder / "config.json").exists() else None
+    if bits is None:
+        return WeightFormat(None, group_size)
+    qc = json.loads((folder / "config.json").read_text())["quantization_config"]
+    w = next(iter((qc.get("config_groups") or {}).values()), {}).get("weights") or {}
+    return WeightFormat(bits, w.get("group_size") or 0, bool(w.get("symmetric", True)))
+
+
 def _checkpoint_bits(ckpt: Path) -> str | None:
     """The weights' type in the checkpoint's quantization_config (first group), as plan() names it."""
     cfg = json.loads((ckpt / "config.json").read_text()).get("quantization_config")
@@ -433,7 +447,8 @@ def plan_command(
             option, kv = kv_option(kv), "fp16"
         target = model if model and Path(model).is_file() else resolve_dir(model)
         max_len, note = _plan_length(Path(target), max_len)
-        fp = plan(target, gpu_mem, max_len, weights=WeightFormat(weights, group_size), kv=kv,
+        fmt = WeightFormat(weights, group_size) if weights else _checkpoint_format(Path(target), group_size)
+        fp = plan(target, gpu_mem, max_len, weights=fmt, kv=kv,
                   utilization=utilization, kv_option=option, cache=attention_cache(target))
     except QuantkitError as e:
         _fail(str(e))

@@ -1,4 +1,4 @@
-"""Acceptance 5: the plan matches a hand calculation."""
+"""The plan matches a hand calculation, and reads a quantized checkpoint's own formats."""
 import json
 
 import pytest
@@ -97,3 +97,17 @@ def test_a_negative_group_size_is_named():
     cfg = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=100, intermediate_size=128)
     with pytest.raises(QuantkitError, match="^--group-size: expected 0"):
         plan(cfg, weights=WeightFormat("int4", group_size=-3))
+
+
+def test_plan_of_an_int4_checkpoint_reads_its_weights_from_the_checkpoint(tiny_llama, tmp_path):
+    """``quantkit plan CKPT`` without --weights: the checkpoint's own quantization_config says int4
+    in groups of 64, so the weights shrink and their group scales are priced; the float model's stay."""
+    import quantkit
+    from quantkit.cli import app
+
+    ckpt = quantkit.quantize(str(tiny_llama), "w4a16-g64").save(tmp_path / "w4")
+    got = json.loads(CliRunner().invoke(app, ["plan", str(ckpt), "--json"]).output)
+    base = json.loads(CliRunner().invoke(app, ["plan", str(tiny_llama), "--json"]).output)
+    assert got["weights_after"] == "int4" and base["weights_after"] == base["weights_before"]
+    assert got["weight_bytes_after"] < base["weight_bytes_after"]
+    assert got["scale_bytes"] == got["params_quantizable"] // 64 * 2     # one fp16 scale per group of 64
