@@ -111,3 +111,23 @@ def test_a_wrong_choice_and_an_unknown_flag_are_caught():
     assert not problems("calibrate LOGS --out DIR [--policy traffic|sqrt|balanced]", group, choices)
     assert inline_problems("the rest follows (`--policy proportional`)", group, choices)
     assert not inline_problems("or is spread evenly (`--policy balanced`)", group, choices)
+
+
+def test_the_cheap_documented_commands_run(smollm2_dir):
+    """``quantkit plan`` reads a config and headers only: every documented one runs, its model
+    placeholder (an upper-case word) standing for the embedded default's folder."""
+    from typer.testing import CliRunner
+
+    from quantkit.cli import app
+
+    ran = 0
+    for page in PAGES:
+        for text in commands(page.read_text(encoding="utf-8")):
+            argv = shlex.split(text)
+            if argv[0] != "plan":
+                continue
+            argv = [str(smollm2_dir) if a.isupper() and a.isalpha() else a for a in argv]
+            result = CliRunner().invoke(app, argv)
+            assert result.exit_code == 0, f"{page.name}: quantkit {text}\n{result.output[-400:]}"
+            ran += 1
+    assert ran >= 1
