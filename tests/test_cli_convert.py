@@ -71,13 +71,24 @@ def test_group_size_that_does_not_divide(model_copy, tmp_path):
     _assert_clean_failure(res, "group_size 48 does not divide in_features 64", out)
 
 
-def test_unsupported_architecture(model_copy, tmp_path):
+def test_an_architecture_named_nowhere_converts_from_its_derived_structure(model_copy, tmp_path):
+    """A class name quantkit has no entry for: its structure is derived from its forward."""
     cfg = json.loads((model_copy / "config.json").read_text())
     cfg["architectures"] = ["FancyNetForCausalLM"]
     (model_copy / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "out"
-    _assert_clean_failure(run_cli("convert", model_copy, "--recipe", "w8a16", "--out", out, "--no-eval"),
-                          "unsupported architecture 'FancyNetForCausalLM'", out)
+    res = run_cli("convert", model_copy, "--recipe", "w8a16", "--out", out, "--no-eval")
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["FancyNetForCausalLM"]
+
+
+def test_a_model_transformers_cannot_build_is_refused_for_a_data_driven_recipe(model_copy, tmp_path):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    cfg["model_type"], cfg["architectures"] = "fancynet", ["FancyNetForCausalLM"]
+    (model_copy / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    _assert_clean_failure(run_cli("convert", model_copy, "--recipe", "w4a16-g64-gptq", "--out", out, "--no-eval"),
+                          "model type `fancynet`", out)
 
 
 def test_existing_output_folder(model_copy, tmp_path):
