@@ -360,12 +360,12 @@ def pickle_only_folder(w, tmp):
 
 
 @case
-def unknown_architecture(w, tmp):
+def model_type_transformers_cannot_build(w, tmp):
     m = model_copy(w, tmp)
     cfg = json.loads((m / "config.json").read_text())
-    cfg["architectures"] = ["FancyNetForCausalLM"]
+    cfg["model_type"], cfg["architectures"] = "fancynet", ["FancyNetForCausalLM"]
     (m / "config.json").write_text(json.dumps(cfg))
-    return convert(m, tmp), "unsupported architecture 'FancyNetForCausalLM'"
+    return convert(m, tmp, recipe="w8a16-gptq"), "model type `fancynet`"
 
 
 @case
