@@ -24,6 +24,24 @@ def finite(obj: Any) -> Any:
     return obj
 
 
+def tagged_floats(obj: Any) -> Any:
+    """``obj`` with every non-finite float written as transformers writes them into ``config.json``
+    (``{"__float__": "Infinity"}``, ``"-Infinity"``, ``"NaN"``), which its config reader turns back
+    into the float: strict JSON that keeps a config's meaning (Granite 4's ``time_step_limit``
+    ``[0.0, inf]``, which ``null`` would break).
+
+    >>> tagged_floats({"limit": [0.0, float("inf")]})
+    {'limit': [0.0, {'__float__': 'Infinity'}]}
+    """
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {"__float__": "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")}
+    if isinstance(obj, dict):
+        return {k: tagged_floats(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [tagged_floats(v) for v in obj]
+    return obj
+
+
 def nonfinite_fields(obj: Any, path: str = "") -> list[str]:
     """The dotted paths (``modules.<name>.sqnr_db``, ``rows.3``) of ``obj``'s non-finite floats."""
     if isinstance(obj, float) and not math.isfinite(obj):

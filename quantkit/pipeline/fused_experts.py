@@ -96,18 +96,22 @@ def _leaves(moe: MoESpec) -> list[str]:
     return [f"{linear}.{kind}" for linear in moe.linears for kind in kinds]
 
 
-def per_expert_view(source, moe: MoESpec | None):
-    """``source`` read per expert where it stores ``moe``'s experts fused (as given otherwise).
+def fused_pattern(moe: MoESpec) -> re.Pattern:
+    """A block's fused tensors by module name, ``<prefix>.<index>.<checkpoint_block>.<experts>.
+    <fused_names>``, whatever the layers' path; group 1 is the block's experts prefix."""
+    names = "|".join(re.escape(n) for n in fused_names(moe))
+    return re.compile(rf"(.*\.\d+\.{re.escape(moe.checkpoint_block)}\.{re.escape(moe.experts)}\.)(?:{names})")
 
-    A block is found by its first fused tensor, ``<prefix>.<index>.<checkpoint_block>.<experts>.
-    <fused[0]>``, whatever the layers' path (the keys may still be the checkpoint's own names)."""
+
+def per_expert_view(source, moe: MoESpec | None):
+    """``source`` (read by module names) read per expert where it stores ``moe``'s experts fused
+    (as given otherwise). A block is found by its first fused tensor."""
     if moe is None:
         return source
-    pattern = re.compile(rf"(.*\.\d+\.{re.escape(moe.checkpoint_block)}\.{re.escape(moe.experts)}\.)"
-                         rf"{re.escape(moe.fused[0])}$")
+    pattern = fused_pattern(moe)
     blocks = {}
     for key in source.keys():
-        found = pattern.fullmatch(key)
+        found = pattern.fullmatch(key) if key.endswith("." + moe.fused[0]) else None
         if found is not None:
             blocks[found.group(1)] = int(source.describe(key)[1][0])
     return FusedExpertsSource(source, moe, blocks) if blocks else source

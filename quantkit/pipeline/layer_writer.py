@@ -13,7 +13,7 @@ from quantkit.errors import QuantkitError
 from quantkit.arch.experts import UnfusedExperts
 from quantkit.formats.compressed_tensors import checkpoint_dtype, compress_module, quantization_config, scheme_for
 from quantkit.formats.writer import ShardWriter
-from quantkit.common.jsonio import nonfinite_warning
+from quantkit.common.jsonio import nonfinite_warning, tagged_floats
 from quantkit.kv_cache import KVObserver
 from quantkit.numerics.primitives import calculate_qparams
 from quantkit.numerics.fp4 import nvfp4_global_scale
@@ -90,7 +90,7 @@ def write_metadata(state: RunState) -> None:
     warn = state.options.warn or state.options.log
     if state.spec.moe is not None and "nvfp4-pack-quantized" in lg.formats and warn is not None:
         warn(NVFP4_EXPERTS_NOTE)
-    write_strict(state.writer, "config.json", cfg, warn)
+    write_strict(state.writer, "config.json", tagged_floats(cfg), warn)
     quant_log: dict[str, Any] = {
         "quantkit_version": _version(), "recipe": recipe.to_dict(), "architecture": state.arch_name,
         "calibration": {"num_samples": state.num_samples, "num_tokens": state.num_tokens},

@@ -13,7 +13,7 @@ import torch
 
 from quantkit.arch.checkpoint_names import module_names
 from quantkit.arch.lookup import arch_for
-from quantkit.pipeline.fused_experts import per_expert_view
+from quantkit.pipeline.fused_experts import fused_pattern, per_expert_view
 
 
 class ModuleNamedSource:
@@ -98,12 +98,18 @@ def renamed_prefixes(disk_to_module: dict[str, str]) -> dict[str, str]:
 
 def named_as_modules(model, source):
     """``source`` as the model's modules name it (as given when transformers renames nothing), its
-    experts read per expert where it stores them fused (``fused_experts.py``)."""
-    source = per_expert_view(source, arch_for(model.config)[1].moe)
-    renamed = module_names(model, source.keys())
-    return ModuleNamedSource(source, renamed) if renamed else source
+    experts read per expert where it stores them fused (``fused_experts.py``). A fused experts
+    tensor stored under another name (Granite 4's ``block_sparse_moe.input_linear.weight``, which
+    transformers renames to ``block_sparse_moe.experts.gate_up_proj``) is renamed first: the model,
+    unfused, has no such parameter, but the view reads its experts from it."""
+    moe = arch_for(model.config)[1].moe
+    fused = fused_pattern(moe) if moe is not None else None
+    renamed = module_names(model, source.keys(), also=(lambda n: fused.fullmatch(n) is not None) if fused else None)
+    source = ModuleNamedSource(source, renamed) if renamed else source
+    return per_expert_view(source, moe)
 
 
 def writing_stored_names(writer, source):
     """``writer`` writing the stored names back when ``source`` was renamed (else as given)."""
-    return DiskNamedWriter(writer, source._to_module) if isinstance(source, ModuleNamedSource) else writer
+    renamed = getattr(source, "_to_module", None)
+    return DiskNamedWriter(writer, renamed) if renamed is not None else writer
