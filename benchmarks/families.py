@@ -4,9 +4,9 @@ Every family is a tiny random model built from transformers' own config class
 (``tests/families.py``, ``tests/arch_configs.py``; weights N(0, 0.05)). Each recipe converts it
 (or is refused: its one line is quoted), the output is read back by plain transformers +
 compressed-tensors with ``dtype="auto"`` (by ``quantkit.load`` where transformers reports
-tensors missing: gpt-oss's per-expert linears), and its logits on 32 random token ids are compared
-with the float model's: the largest difference over the largest float logit, and the top-1
-agreement. The trace the architecture is derived from is timed against the W8A16 conversion.
+tensors missing: gpt-oss's and Granite 4's per-expert linears), and its logits on 32 random token
+ids are compared with the float model's: the largest difference over the largest float logit, and
+the top-1 agreement. The trace the architecture is derived from is timed against the W8A16 conversion.
 
 Usage (main venv)::
 
@@ -59,7 +59,7 @@ def _cell(folder: Path, recipe: str, ref, cls, ids: list[list[int]], work: Path)
     except Exception as e:  # transformers' own error, quoted
         return {"seconds": seconds, "load_error": f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     reader = "transformers"
-    if info["missing_keys"]:   # names plain transformers has no place for (gpt-oss's per-expert linears)
+    if info["missing_keys"]:   # names plain transformers has no place for (gpt-oss's, Granite 4's per-expert linears)
         got, reader = quantkit.load(out), "quantkit.load"
     x = torch.tensor([ids[0][:32]])
     with torch.no_grad():
