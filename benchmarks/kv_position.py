@@ -138,6 +138,7 @@ def main() -> None:
 
     from quantkit.evaluation.checkpoint import load_tokenizer
     from quantkit.evaluation.forced import ForcedRequest, encode_text, run_forced
+    from quantkit.evaluation.measures import forced_summary
     from quantkit.evaluation.slices import load_suite
     from quantkit.kv_cache import apply_kv_option, kv_option
 
@@ -172,7 +173,7 @@ def main() -> None:
         with views[first](None) as cand:   # the first variant is run_forced's candidate, the rest views
             r = run_forced(base, cand, enc, ForcedRequest(length, length, bucket_positions=True), 0,
                            views={n: views[n] for n in rest})
-        s = r.summary()
+        s = forced_summary(r)
         rows = {first: {"kl_mean": s["kl_mean"], "top1_agreement": s["top1_agreement"], "buckets": r.buckets,
                         **{k: s[k] for k in ("kl_first_bucket", "kl_last_bucket", "kl_worst_bucket")}}}
         rows.update(r.views)

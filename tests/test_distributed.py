@@ -175,10 +175,11 @@ def test_bad_nproc_is_one_line_naming_the_flag(value, tiny_llama, tmp_path):
 
 def test_a_step_that_is_not_merged_is_refused_on_several_ranks(monkeypatch):
     from quantkit.recipe import load_recipe
+    from quantkit.workflows.data_parallel import check_data_parallel
 
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     with pytest.raises(QuantkitError, match=r"^--nproc: 2 ranks cannot run this conversion yet: the transform steps \(awq\)"):
-        distributed.check_data_parallel(load_recipe("awq-gptq-w4a16-g64"), resume=False)
+        check_data_parallel(load_recipe("awq-gptq-w4a16-g64"), resume=False)
     with pytest.raises(QuantkitError, match="--resume"):
-        distributed.check_data_parallel(load_recipe("w4a16-gptq"), resume=True)
-    distributed.check_data_parallel(load_recipe("w4a16-gptq"), resume=False)   # GPTQ alone runs
+        check_data_parallel(load_recipe("w4a16-gptq"), resume=True)
+    check_data_parallel(load_recipe("w4a16-gptq"), resume=False)   # GPTQ alone runs

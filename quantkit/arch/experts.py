@@ -20,7 +20,7 @@ tokens each expert saw (``pipeline/coverage.py``).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, ContextManager, Protocol
 
 import torch
 from torch import nn
@@ -29,8 +29,14 @@ from quantkit.arch.experts_layout import expert_sizes, expert_tensors, fused_nam
 from quantkit.arch.spec import ArchSpec, MoESpec
 from quantkit.arch.lookup import arch_for
 
-if TYPE_CHECKING:
-    from quantkit.pipeline.coverage import Routing
+class Routing(Protocol):
+    """What the runner's calibration routing (``pipeline/coverage.py``) gives the experts: the
+    batch's real tokens, whether every token runs through every expert, and a record per expert."""
+
+    all_experts: bool
+    real_tokens: Callable[[], torch.Tensor | None]
+
+    def dispatch(self, expert: int, routed: int, seen: int) -> ContextManager: ...
 
 
 class GatedActivation(nn.Module):
@@ -75,7 +81,7 @@ class UnfusedExperts(nn.ModuleList):
 
     def __init__(self, experts: list[Expert]):
         super().__init__(experts)
-        self.routing: "Routing | None" = None
+        self.routing: Routing | None = None
         # set while a layer too big for memory runs without its experts (pipeline/expert_stream.py):
         # ``deferred(hidden, top_k_index, top_k_weights)`` records the block's inputs, and
         # the experts add nothing here; their sum is added to the layer's output afterwards

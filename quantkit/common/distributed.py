@@ -20,7 +20,6 @@ Example (2 ranks, 5 batches):
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,8 +29,6 @@ from quantkit.common.process import die_with_parent
 from quantkit.config.validation import short
 import socket
 
-if TYPE_CHECKING:
-    from quantkit.recipe import Recipe
 
 
 def world_size() -> int:
@@ -142,25 +139,6 @@ def smallest(value: int) -> int:
     t = torch.tensor([value], dtype=torch.int64, device=_comm_device(torch.zeros(())))
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
     return int(t.item())
-
-
-def check_data_parallel(recipe: Recipe, resume: bool) -> None:
-    """What data-parallel calibration does not merge yet, refused before any work (one line)."""
-    n = world_size()
-    transforms = [s.name for s in recipe.steps[:-1]] if len(recipe.steps) > 1 else []
-    problems = []
-    if transforms:
-        problems.append(f"the transform steps ({', '.join(transforms)}) search on one rank's batches")
-    if recipe.kv_cache is not None:
-        problems.append("kv_cache: the KV observer's ranges are not merged")
-    if recipe.calibration.offload:
-        problems.append("calibration.offload keeps each rank's activations in the staging folder only rank 0 has")
-    if recipe.mixed is not None:
-        problems.append("mixed: the sensitivity search runs on one process")
-    if resume:
-        problems.append("--resume: the boundary holds rank 0's hidden states only")
-    if problems:
-        raise QuantkitError(f"--nproc: {n} ranks cannot run this conversion yet: {problems[0]}; use --nproc 1")
 
 
 def parse_nproc(text: str | None, device: str = "cpu") -> int | None:

@@ -11,9 +11,7 @@ from typing import Callable, Mapping
 import torch
 from torch import nn
 
-from quantkit.evaluation.backends.base import ScoredSlice
 from quantkit.evaluation.divergence import bucket_measures, kl_by_position, position_buckets, token_stats
-from quantkit.evaluation.measures import measure_values
 from quantkit.evaluation.models import body_states, head_logits, position_chunks
 from quantkit.evaluation.pair import both, pair
 from quantkit.evaluation.perplexity import perplexity, rolling_windows
@@ -105,10 +103,6 @@ class ForcedResult:
             out.update(path_tokens=p["tokens"], path_ppl_engine=perplexity(p["nll_engine"], p["tokens"]),
                        path_ppl_own=perplexity(p["nll_in_process"], p["tokens"]), path_top1=p["top1_same"] / p["tokens"])
         return out
-
-    def summary(self) -> dict:
-        """``figures()`` and every registered measure of these texts."""
-        return {**self.figures(), **measure_values(ScoredSlice(forced=self))}
 
 
 @dataclass(frozen=True)

@@ -109,8 +109,10 @@ def _ensure_loaded() -> None:
     if _loaded:
         return
     _loaded = True
-    from quantkit.kernels import reference  # noqa: F401  (registers "torch")
+    from quantkit.kernels import reference
 
+    for fmt, fn in reference.KERNELS.items():
+        register_backend(fmt, "torch")(fn)
     _load_triton()
 
 

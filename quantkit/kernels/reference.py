@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from quantkit.formats.packing import unpack_int32
 from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
-from quantkit.kernels import register_backend
 from quantkit.config.scheme import fp4_kind
 from quantkit.formats.fp4 import FP4_FORMATS, unpack_fp4
 from quantkit.kernels.dequant_linear import dequant_linear, needs_dequant_linear
@@ -44,7 +43,6 @@ def dequantized_weight(layer) -> torch.Tensor:
     return w
 
 
-@register_backend("pack-quantized", "torch")
 def w_only_linear(x: torch.Tensor, layer) -> torch.Tensor:
     if needs_dequant_linear(layer):
         return dequant_linear(x, layer, dequantized_weight(layer))
@@ -68,7 +66,6 @@ def _weight_scale_row(layer) -> torch.Tensor:
     return s.reshape(1, -1) if s.numel() > 1 else s.reshape(1, 1)
 
 
-@register_backend("int-quantized", "torch")
 def int8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     if needs_dequant_linear(layer):
         return dequant_linear(x, layer, dequantized_weight(layer))
@@ -93,7 +90,6 @@ def _int_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return (a.double() @ b.double().t()).to(torch.int32)
 
 
-@register_backend("float-quantized", "torch")
 def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     if needs_dequant_linear(layer):
         return dequant_linear(x, layer, dequantized_weight(layer))
@@ -112,7 +108,6 @@ def fp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return y.to(x.dtype).reshape(*shape[:-1], layer.out_features)
 
 
-@register_backend("mxfp8-quantized", "torch")
 def mxfp8_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return dequant_linear(x, layer, dequantized_weight(layer))
 
@@ -133,5 +128,6 @@ def _fp4_linear(x: torch.Tensor, layer) -> torch.Tensor:
     return F.linear(x, w.to(x.dtype), None if layer.bias is None else layer.bias.to(x.dtype))
 
 
-for _fmt in FP4_FORMATS:
-    register_backend(_fmt, "torch")(_fp4_linear)
+#: the reference's kernel for every checkpoint format (the package registers them as "torch")
+KERNELS = {"pack-quantized": w_only_linear, "int-quantized": int8_linear, "float-quantized": fp8_linear,
+           "mxfp8-quantized": mxfp8_linear, **{fmt: _fp4_linear for fmt in FP4_FORMATS}}

@@ -53,6 +53,7 @@ import sys
 from quantkit.pipeline.onload import build_skeleton, config_dtype
 from quantkit.pipeline.rotated_source import check_rotation
 from quantkit.arch.lookup import arch_for
+from quantkit.workflows.data_parallel import check_data_parallel
 from quantkit.pipeline.fold_coverage import check_fold_coverage
 
 if TYPE_CHECKING:
@@ -360,7 +361,7 @@ def _check_request(job: _Conversion) -> None:
     if options.out is not None and distributed.is_writer():
         OutputPolicy("convert", job.inputs, flag="out").check(Path(options.out), overwrite=True)   # save() checks the rest
     if distributed.world_size() > 1:
-        distributed.check_data_parallel(job.recipe, options.resume)
+        check_data_parallel(job.recipe, options.resume)
     if options.resume and options.out is None:
         raise QuantkitError("resume: needs out= (the output folder of the run to continue)")
 

@@ -10,6 +10,7 @@ from arch_configs import tiny_config
 from transformers import AutoModelForCausalLM
 
 from quantkit.evaluation.forced import Encoded, ForcedRequest, run_forced
+from quantkit.evaluation.measures import forced_summary
 from quantkit.evaluation.models import body_states, forward_logits, head_logits, position_chunks
 
 
@@ -51,7 +52,7 @@ def test_views_score_against_the_same_baseline(base, tok):
     r = run_forced(base, noisy, enc, ForcedRequest(max_len=64, batch_tokens=256, bucket_positions=True,
                                                  chunk_tokens=24), pad=0,
                    views={"same": as_is, "baseline": lambda m: contextlib.nullcontext(base)})
-    main = r.summary()
+    main = forced_summary(r)
     assert r.views["same"]["kl_mean"] == pytest.approx(main["kl_mean"], rel=1e-6) and main["kl_mean"] > 1e-3
     assert r.views["same"]["buckets"] == r.buckets
     assert r.views["baseline"]["kl_mean"] < 1e-6 and r.views["baseline"]["top1_agreement"] == 1.0

@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from quantkit.evaluation.forced import Encoded, ForcedRequest, run_forced
+from quantkit.evaluation.measures import forced_summary
 from quantkit.evaluation.perplexity import rolling_windows
 
 
@@ -25,7 +26,7 @@ def test_rolling_perplexity_equals_full_context_when_it_fits(base, tok):
     with torch.no_grad():
         logits = base(torch.tensor([ids])).logits[0, :-1]
     nll = torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum")
-    s = r.summary()
+    s = forced_summary(r)
     assert s["tokens"] == len(ids) - 1
     assert abs(s["ppl_base"] - math.exp(float(nll) / (len(ids) - 1))) < 1e-3 * s["ppl_base"]
     assert s["kl_mean"] < 1e-6 and s["top1_agreement"] == 1.0 and abs(s["ppl_increase"]) < 1e-9
@@ -34,5 +35,5 @@ def test_rolling_perplexity_equals_full_context_when_it_fits(base, tok):
 def test_windows_shorter_than_text_still_score_every_token(base, tok):
     ids = tok("0123456789 " * 30)["input_ids"][:200]
     enc = [Encoded("a", ids, [True] * len(ids))]
-    short = run_forced(base, base, enc, ForcedRequest(max_len=64, batch_tokens=256), pad=0).summary()
+    short = forced_summary(run_forced(base, base, enc, ForcedRequest(max_len=64, batch_tokens=256), pad=0))
     assert short["tokens"] == len(ids) - 1 and short["focus_tokens"] == len(ids) - 1

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import threading
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable, ContextManager, Mapping, Protocol
 
@@ -30,10 +28,10 @@ from quantkit.common.crashpoints import kill_point
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, PairedRuns
 from quantkit.evaluation.backends.served_forced import PathCheck, served_forced
+from quantkit.evaluation.backends.window_scores import WindowScores, logprob, token_id, window_scores
 from quantkit.evaluation.code_exec import STOP
 from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View, forced_jobs
 from quantkit.evaluation.tasks import CodeExecution, chat_ids, code_result, extraction_result, mc_continuations
-from quantkit.evaluation.topk import TopK
 from quantkit.serving.client import EngineError, Endpoint
 
 REQUESTS_IN_FLIGHT = 16   # the server batches what arrives together (16: what the in-process path batches for generation)
@@ -42,68 +40,6 @@ REQUESTS_IN_FLIGHT = 16   # the server batches what arrives together (16: what t
 # the same for 1 sequence as for 8 (vLLM's CPU FP8 path, docs/engine.md), so decoding them
 # together takes about the time of the longest. 16: every slice of the default suite at once.
 SLICES_AT_ONCE = 16
-
-
-@dataclass(frozen=True)
-class WindowScores:
-    """A server's predictions over one prompt: per position j, the log-probability of token j
-    (``target``, NaN at j = 0, which nothing predicts) and the listed alternatives (``ids`` and
-    ``logprobs``, padded with -1 / -inf; the actual token is listed too)."""
-    target: np.ndarray      # [L] float64
-    ids: np.ndarray         # [L, m] int64
-    logprobs: np.ndarray    # [L, m] float64
-
-    def topk(self, a: int, b: int) -> list[TopK]:
-        """Positions ``[a, b)`` as ``TopK`` records."""
-        return [TopK(float(self.target[j]), {int(t): float(v) for t, v in zip(self.ids[j], self.logprobs[j]) if t >= 0})
-                for j in range(a, b)]
-
-    def argmax(self, a: int, b: int) -> np.ndarray:
-        """The most likely token at positions ``[a, b)``."""
-        return self.ids[np.arange(a, b), self.logprobs[a:b].argmax(axis=1)]
-
-
-def _token_id(key: str, vocab: int = 2**31) -> int:
-    if not key.startswith("token_id:"):
-        raise EngineError(f"the server lists tokens as text ({key!r}), not ids: it must support vLLM's "
-                          "return_tokens_as_token_ids")
-    digits = key[len("token_id:"):]
-    if not digits.isdigit() or int(digits) >= 2**31:
-        raise EngineError(f"the server lists a token id that is not one ({key[:40]!r})")
-    if int(digits) >= vocab:
-        raise EngineError(f"the server lists token {digits}, past the model's vocabulary ({vocab}): it serves "
-                          "another model")
-    return int(digits)
-
-
-def _logprob(v) -> float:
-    return -math.inf if v is None else float(v)
-
-
-def window_scores(choice: dict, prompt: list[int], vocab: int = 2**31) -> WindowScores:
-    """One choice of a ``/v1/completions`` answer with ``echo`` (validated: serving/answers.py),
-    checked against its prompt: one finite log-probability for every token after the first."""
-    lp = choice.get("logprobs") or {}
-    tokens, n = lp.get("tokens") or [], len(prompt)
-    if not lp:
-        raise EngineError("the server returned no log-probabilities: it must support echo with logprobs "
-                          "(vLLM's /v1/completions does)")
-    if len(tokens) < n or len(lp.get("token_logprobs") or []) < n:
-        raise EngineError(f"the server scored {min(len(tokens), len(lp.get('token_logprobs') or []))} of the "
-                          f"prompt's {n} tokens")
-    if [_token_id(t) for t in tokens[:n]] != list(prompt):
-        raise EngineError("the server scored other tokens than the prompt's (it must take token ids as given)")
-    missing = [j for j, v in enumerate(lp["token_logprobs"][1:n], 1) if v is None]
-    if missing:
-        raise EngineError(f"the server gave no log-probability for prompt token {missing[0]} (of {n})")
-    tops = (lp.get("top_logprobs") or [])[:n]
-    m = max([len(t) for t in tops if t] or [1])
-    ids, vals = np.full((n, m), -1, dtype=np.int64), np.full((n, m), -np.inf)
-    for j, top in enumerate(tops):
-        for c, (key, v) in enumerate((top or {}).items()):
-            ids[j, c], vals[j, c] = _token_id(key, vocab), _logprob(v)
-    target = np.array([math.nan] + [_logprob(v) for v in (lp.get("token_logprobs") or [])[1:n]])
-    return WindowScores(target, ids, vals)
 
 
 def _in_parallel(fn: Callable, items: list) -> list:
@@ -169,7 +105,7 @@ class ServedModel:
                                         "temperature": 0, "return_tokens_as_token_ids": True})
             tops = (answer["choices"][0].get("logprobs") or {}).get("top_logprobs") or [{}]
             try:
-                return {_token_id(t, self.vocab): _logprob(v) for t, v in (tops[0] or {}).items()}
+                return {token_id(t, self.vocab): logprob(v) for t, v in (tops[0] or {}).items()}
             except EngineError as e:
                 raise EngineError(f"{self.endpoint.flag}: {self.endpoint.url}/v1/completions: {e}") from None
         return _in_parallel(one, prompts)

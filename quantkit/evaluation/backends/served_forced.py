@@ -7,7 +7,6 @@ tokens before it)."""
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,9 +14,7 @@ from quantkit.evaluation.forced import (LOGIT_CHUNK_TOKENS, Encoded, ForcedReque
                                         add_item, forced_result, kept, scored_mask)
 from quantkit.evaluation.models import body_states, head_logits, position_chunks
 from quantkit.evaluation.topk import topk_of_logits, topk_token_stats
-
-if TYPE_CHECKING:
-    from quantkit.evaluation.backends.served import WindowScores
+from quantkit.evaluation.backends.window_scores import WindowScores
 
 
 def served_forced(encoded: list[Encoded], request: ForcedRequest, jobs: list, base: list[WindowScores],

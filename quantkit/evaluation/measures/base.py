@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from quantkit.evaluation.backends.base import ScoredSlice
+
 if TYPE_CHECKING:
-    from quantkit.evaluation.backends.base import ScoredSlice
-    from quantkit.evaluation.forced import ItemStats
+    from quantkit.evaluation.forced import ForcedResult, ItemStats
 
 GO, REVIEW, NOGO = "GO", "REVIEW", "NO-GO"
 RANK = {GO: 0, REVIEW: 1, NOGO: 2}
@@ -106,6 +107,11 @@ def measure_values(scored: ScoredSlice) -> dict[str, float | None]:
     """Every registered measure that applies to ``scored``, in registry order."""
     return {m.name: m.compute(scored) for m in MEASURES.values()
             if m.compute is not None and m.applies(scored)}
+
+
+def forced_summary(forced: ForcedResult) -> dict[str, float | None]:
+    """A teacher-forced pass's ``figures()`` and every registered measure of its texts."""
+    return {**forced.figures(), **measure_values(ScoredSlice(forced=forced))}
 
 
 def table_columns() -> list[tuple[str, str, str]]:
