@@ -145,11 +145,22 @@ class SafetensorsSource:
                                 "through the weight it scales")
         return self._read(name)
 
+    def get_slab(self, name: str, index: int) -> torch.Tensor:
+        """``get(name)[index]``, reading only that slab of the file (one expert of a fused experts
+        tensor ``[E, ...]``): a derived tensor decodes the same slab of each of its parts when they
+        all share its leading dimension (gpt-oss's MXFP4 blocks and scales), else it is decoded whole."""
+        derived = self._derived(name)
+        if derived is None:
+            return self._read(name, index)
+        if all(self._entries[p].shape[:1] == derived.shape[:1] for p in derived.parts if p in self._entries):
+            return derived.decode(*(self._read(p, index).unsqueeze(0) for p in derived.parts))[0]
+        return self.get(name)[index]
+
     def _derived(self, name: str) -> Derived | None:
         return self.quantized.derived.get(name) if self.quantized is not None else None
 
-    def _read(self, name: str) -> torch.Tensor:
-        """Stored tensor ``name`` as the file holds it."""
+    def _read(self, name: str, index: int | None = None) -> torch.Tensor:
+        """Stored tensor ``name`` as the file holds it (its ``index``-th slab along the first dimension only)."""
         f = self._where.get(name)
         if f is None:
             raise QuantkitError(f"{self.folder}: tensor '{name}' is missing from the checkpoint")
@@ -160,11 +171,15 @@ class SafetensorsSource:
         h = self._handles.get(f)
         if h is None:
             h = self._handles[f] = open(f, "rb")
-        buf = torch.empty(e.end - e.begin, dtype=torch.uint8)
-        h.seek(e.begin)
+        begin, end, shape = e.begin, e.end, e.shape
+        if index is not None:
+            slab = (end - begin) // shape[0]
+            begin, end, shape = begin + index * slab, begin + (index + 1) * slab, shape[1:]
+        buf = torch.empty(end - begin, dtype=torch.uint8)
+        h.seek(begin)
         if h.readinto(buf.numpy()) != buf.numel():
             raise QuantkitError(f"{f}: cannot read tensor '{name}' (file shorter than its header says)")
-        return buf.view(dtype).reshape(e.shape)
+        return buf.view(dtype).reshape(shape)
 
     def release(self) -> None:
         """Close the open files between layers."""
@@ -227,6 +242,9 @@ class StateDictSource:
         if name not in self._sd:
             raise QuantkitError(f"model: tensor '{name}' is missing from the state dict")
         return self._sd[name].detach()
+
+    def get_slab(self, name: str, index: int) -> torch.Tensor:
+        return self.get(name)[index]
 
     def release(self):
         pass

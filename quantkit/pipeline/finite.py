@@ -56,6 +56,11 @@ class FiniteSource:
         check_finite(t, name, self._source.where(name))
         return t
 
+    def get_slab(self, name: str, index: int) -> torch.Tensor:
+        t = self._source.get_slab(name, index)
+        check_finite(t, name, self._source.where(name))
+        return t
+
     def __contains__(self, name: str) -> bool:
         return name in self._source
 

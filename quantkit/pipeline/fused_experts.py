@@ -6,10 +6,12 @@ gpt-oss's checkpoints store each block's experts as one tensor per fused paramet
 expert's linears apart (``arch/experts.py``). ``FusedExpertsSource`` presents the per-expert names
 (``<layer>.<block>.<experts>.<e>.<linear>.weight`` / ``.bias``) and slices them out of the stored
 tensors as ``MoESpec.layout`` describes (``arch/experts_layout.py``, the same slicing the
-model's own unfusing uses), for any fused layout the spec describes. It reads a block's fused
-tensors once, when the first of its experts is asked for, and keeps that one block only (the
-next block, or ``release()`` between layers, drops it): a layer's onload holds at most one
-block's experts twice (the fused tensors and the per-expert copies), as long as it takes.
+model's own unfusing uses), for any fused layout the spec describes. Expert ``e`` is slab ``e``
+of every fused tensor (their first dimension), contiguous on disk: the view reads one expert's
+slabs when the first of its tensors is asked for (``get_slab``: only those bytes of the file; an
+MXFP4 source decodes only that expert's blocks and scales) and holds that expert only, so a
+layer's onload, and a streamed layer's chunk of experts, take no more memory than per-expert
+checkpoints do, plus one expert.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ class FusedExpertsSource:
         self._fused = {f"{b}{n}" for b in blocks for n in fused_names(moe)}
         self._names = {f"{b}{e}.{leaf}": b for b, num in blocks.items() for e in range(num)
                        for leaf in _leaves(moe)}
-        self._held: tuple[str, dict[str, torch.Tensor]] | None = None
+        self._held: tuple[str, dict[str, torch.Tensor]] | None = None   # "<block><e>", its slabs [1, ...]
         self.folder = getattr(source, "folder", None)
 
     def __getattr__(self, name):   # the wrapped source's other attributes (quantized, files, ...)
@@ -66,12 +68,18 @@ class FusedExpertsSource:
         block = self._names.get(name)
         if block is None:
             return self._source.get(name)
-        if self._held is None or self._held[0] != block:
-            self._held = None    # the previous block's tensors go before the next block's are read
-            self._held = (block, {n: self._source.get(block + n) for n in fused_names(self._moe)})
         index, _, leaf = name[len(block):].partition(".")
-        part = expert_tensors(self._moe, self._held[1], int(index))[leaf]
+        key = f"{block}{index}"
+        if self._held is None or self._held[0] != key:
+            self._held = None    # the previous expert's slabs go before the next one's are read
+            self._held = (key, {n: self._slab(block + n, int(index)).unsqueeze(0) for n in fused_names(self._moe)})
+        part = expert_tensors(self._moe, self._held[1], 0)[leaf]
         return part.clone(memory_format=torch.contiguous_format)
+
+    def _slab(self, name: str, index: int) -> torch.Tensor:
+        """Expert ``index``'s slab of a fused tensor, read alone where the source can."""
+        get_slab = getattr(self._source, "get_slab", None)
+        return get_slab(name, index) if get_slab is not None else self._source.get(name)[index]
 
     def nbytes(self, names: Iterable[str] | None = None) -> int:
         if names is None:

@@ -46,6 +46,9 @@ class ModuleNamedSource:
     def get(self, name: str) -> torch.Tensor:
         return self._source.get(self.disk(name))
 
+    def get_slab(self, name: str, index: int) -> torch.Tensor:
+        return self._source.get_slab(self.disk(name), index)
+
     def nbytes(self, names: Iterable[str] | None = None) -> int:
         return self._source.nbytes(None if names is None else [self.disk(n) for n in names])
 

@@ -158,12 +158,13 @@ def test_gptq_beats_round_to_nearest(gpt_oss_dir, tmp_path):
     assert errors["w4a16-g64-gptq"] < errors["w4a16-g64"], errors
 
 
-def test_the_source_view_reads_one_block_at_a_time(gpt_oss_dir):
-    """Each block's fused tensors are read once for all its experts, and only one block is held."""
+def test_the_source_view_reads_one_expert_at_a_time(gpt_oss_dir, tmp_path):
+    """Each expert's slabs of the fused tensors are read once, alone, and only that expert is held;
+    an MXFP4 source decodes one expert's blocks and scales the same way, to the same numbers."""
     source = SafetensorsSource(gpt_oss_dir)
     reads = []
-    get = source.get
-    source.get = lambda name: reads.append(name) or get(name)
+    get_slab = source.get_slab
+    source.get_slab = lambda name, index: reads.append((name, index)) or get_slab(name, index)
     view = per_expert_view(source, arch_for(_config())[1].moe)
     assert isinstance(view, FusedExpertsSource)
     assert "model.layers.0.mlp.experts.gate_up_proj" not in view and "model.layers.0.mlp.experts.3.down_proj.bias" in view
@@ -173,8 +174,11 @@ def test_the_source_view_reads_one_block_at_a_time(gpt_oss_dir):
                 name = f"model.layers.{layer}.mlp.experts.{e}.{leaf}"
                 t = view.get(name)
                 assert view.describe(name) == (torch.float32, tuple(t.shape)) and t.is_contiguous()
-        assert view._held[0] == f"model.layers.{layer}.mlp.experts."
-    assert len(reads) == 8 and len(set(reads)) == 8      # 4 fused tensors a block, each read once
+            assert view._held[0] == f"model.layers.{layer}.mlp.experts.{e}"
+    assert len(reads) == 32 and len(set(reads)) == 32    # 4 fused tensors x 4 experts x 2 blocks, each slab once
+    mxfp4 = SafetensorsSource(save_mxfp4_source(gpt_oss_dir, tmp_path / "mxfp4"))
+    for name in ("model.layers.1.mlp.experts.gate_up_proj", "model.layers.1.mlp.experts.down_proj"):
+        assert torch.equal(mxfp4.get_slab(name, 2), mxfp4.get(name)[2])
 
 
 # -- a gpt-oss MXFP4 source ----------------------------------------------------------------------
