@@ -181,6 +181,21 @@ def test_the_source_view_reads_one_expert_at_a_time(gpt_oss_dir, tmp_path):
         assert torch.equal(mxfp4.get_slab(name, 2), mxfp4.get(name)[2])
 
 
+def test_streamed_experts_read_from_fused_tensors_give_the_whole_layer_checkpoint(gpt_oss_dir, tmp_path):
+    """Experts onloaded one at a time (``layer_memory`` 1 byte), each read from the fused tensors
+    on its own: the checkpoint equals the whole-layer run's bit for bit (GPTQ W4A16 g64)."""
+    torch.set_num_threads(1)
+    ids = random_ids(4, 32, vocab=256, seed=6)
+    recipe = {"scheme": "W4A16", "group_size": 64, "algorithm": "gptq"}
+    lines: list[str] = []
+    whole = quantkit.quantize(str(gpt_oss_dir), recipe, ids).save(tmp_path / "whole")
+    streamed = quantkit.quantize(str(gpt_oss_dir), {**recipe, "calibration": {"layer_memory": 1}}, ids,
+                                 quantkit.ConvertOptions(log=lines.append)).save(tmp_path / "streamed")
+    assert sum("experts onloaded 1 at a time" in line for line in lines) == 2, lines
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(streamed / "model.safetensors"))
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 # -- a gpt-oss MXFP4 source ----------------------------------------------------------------------
 def _float_copy(source_dir: Path, out: Path) -> Path:
     """The plain float model an MXFP4 source stands for: its experts dequantized, no quantization_config."""
