@@ -132,6 +132,17 @@ def test_w8a16_reads_back_as_round_to_nearest(gpt_oss_dir, tmp_path):
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
+def test_an_in_memory_model_converts_as_its_folder_does(gpt_oss_dir, tmp_path):
+    """The Python API's path splits the fused state dict by the same layout (``per_expert_state``)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    model = AutoModelForCausalLM.from_pretrained(gpt_oss_dir, dtype=torch.float32)
+    a = load_file(str(quantkit.quantize(model, "w8a16").save(tmp_path / "memory") / "model.safetensors"))
+    b = load_file(str(quantkit.quantize(str(gpt_oss_dir), "w8a16").save(tmp_path / "folder") / "model.safetensors"))
+    assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == []
+
+
 def test_plain_transformers_does_not_map_per_expert_names_to_gpt_oss(gpt_oss_dir, tmp_path):
     """What docs/PLATFORM.md says: transformers 5.24 reports the fused experts missing."""
     from transformers import AutoModelForCausalLM
