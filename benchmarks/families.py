@@ -113,13 +113,42 @@ def _markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def trace_cost() -> list[dict]:
+    """Seconds to build the meta model and to trace and derive it, for full-size configs."""
+    import transformers
+
+    from quantkit.arch.derive import derive_spec
+    from quantkit.arch.meta import traceable_model
+
+    configs = {"Llama-3.1-70B": transformers.LlamaConfig(hidden_size=8192, intermediate_size=28672,
+                                                         num_hidden_layers=80, num_attention_heads=64,
+                                                         num_key_value_heads=8, vocab_size=128256),
+               "DeepSeek-V3 (671B)": transformers.DeepseekV3Config(),
+               "Qwen3-Next-80B-A3B": transformers.Qwen3NextConfig()}
+    rows = []
+    for name, config in configs.items():
+        start = time.perf_counter()
+        model = traceable_model(config)
+        built = time.perf_counter()
+        derive_spec(model, config)
+        rows.append({"config": name, "layers": config.num_hidden_layers, "build_s": round(built - start, 1),
+                     "trace_s": round(time.perf_counter() - built, 1)})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--markdown", type=Path)
     parser.add_argument("--only", nargs="*", help="families to run (default: all)")
+    parser.add_argument("--trace-cost", action="store_true", help="time the derivation on full-size configs only")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.trace_cost:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(trace_cost(), indent=1))
+        return
     rows = []
     for name, make in _families().items():
         if args.only and name not in args.only:
