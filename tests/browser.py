@@ -15,7 +15,7 @@ what a reader sees, and skipping them would pass a report no one has looked at.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -37,6 +37,12 @@ class Page:
     # tables and images wider than the box they sit in (a table in a scrolling box would hide a
     # document-wide overflow), as "tag#id" or "tag[n]"
     overflowing: list[str]
+    # the texts of the headings, paragraphs, list items, summaries and table rows a reader sees in
+    # the first window, before opening anything folded
+    first_screen: list[str] = field(default_factory=list)
+    # header cells (th) with a word drawn on more than one line ("languag/e"); a <wbr> marks
+    # where a name may break, so it ends a word here
+    broken_headers: list[str] = field(default_factory=list)
 
     @property
     def scrolls_sideways(self) -> bool:
@@ -44,7 +50,22 @@ class Page:
 
 
 _READ = """
+const firstScreen = [...document.querySelectorAll("h1, h2, h3, p, li, summary, tr")]
+  .filter(x => x.checkVisibility() && x.getBoundingClientRect().top < window.innerHeight)
+  .map(x => x.innerText.trim()).filter(t => t);
 document.querySelectorAll("details").forEach(d => d.open = true);
+const broken = [];
+for (const th of document.querySelectorAll("th")) {
+  const walk = document.createTreeWalker(th, NodeFilter.SHOW_TEXT);
+  for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+    for (const m of n.data.matchAll(/\\S+/g)) {
+      const r = document.createRange();
+      r.setStart(n, m.index);
+      r.setEnd(n, m.index + m[0].length);
+      if (new Set([...r.getClientRects()].map(x => Math.round(x.top))).size > 1) broken.push(th.textContent.trim());
+    }
+  }
+}
 const tags = ["h1", "h2", "h3", "th", "summary"];
 const headings = {};
 for (const t of tags) headings[t] = [...document.querySelectorAll(t)].map(x => x.textContent.trim());
@@ -53,7 +74,8 @@ const overflowing = [...document.querySelectorAll("table, img, pre")]
   .filter(([x]) => x.getBoundingClientRect().width > x.parentElement.clientWidth + 1)
   .map(([x, i]) => x.tagName.toLowerCase() + (x.id ? "#" + x.id : "[" + i + "]"));
 return {scroll: document.documentElement.scrollWidth, inner: window.innerWidth,
-        headings: headings, text: document.body.innerText, overflowing: overflowing};
+        headings: headings, text: document.body.innerText, overflowing: overflowing,
+        first: firstScreen, broken: broken};
 """
 
 
@@ -83,7 +105,8 @@ def open_page(path: Path, width: int = 1280, height: int = 900, screenshot: Path
         driver.save_screenshot(str(shot))
     finally:
         driver.quit()
-    return Page(read["scroll"], read["inner"], read["headings"], read["text"], shot, read["overflowing"])
+    return Page(read["scroll"], read["inner"], read["headings"], read["text"], shot, read["overflowing"],
+                read["first"], read["broken"])
 
 
 # a word of ASCII letters, with the characters names and symbols carry (kl_mean, numbers-en,

@@ -10,8 +10,17 @@ HOSTILE = "business:<img src=x onerror=alert(1)> | a`b\\\nnext & more"
 def test_md_text_escapes_html_cells_and_line_breaks():
     out = md_text(HOSTILE)
     assert "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out
-    assert "\\|" in out and "\\`" in out and "&amp; more" in out and "\n" not in out
+    assert "\\|" in out and "\\`" in out and "& more" in out and "\n" not in out
     assert md_text("plain text, 0.25 - it's fine") == "plain text, 0.25 - it's fine"
+
+
+def test_md_text_leaves_plain_text_as_a_reader_sees_it():
+    """Comparisons, brackets and a lone ``&`` read the same raw and rendered: no ``&gt;``, no ``\\[``."""
+    said = "numbers-en: kl_mean 0.31 > 0.1 (over by 0.21); top1_agreement 0.62 < 0.75 [0.58, 0.66] & more"
+    assert md_text(said) == said
+    assert md_text("&lt;") == "&amp;lt;"                   # an entity stays the text it is
+    assert md_text("[x](javascript:alert(1))") == "[x\\](javascript:alert(1))"   # never a link
+    assert md_text("C:\\dir\\") == "C:\\dir\\\\"          # a trailing backslash cannot eat the cell's |
 
 
 def test_md_row_keeps_each_value_in_its_own_cell():

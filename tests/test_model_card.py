@@ -54,8 +54,8 @@ def test_the_verdict_joins_the_card_and_nothing_doubles(tmp_path):
     (out / "eval" / "report.json").write_text(json.dumps({"verdict": verdict}))
     write_card(out)
     card = (out / "README.md").read_text()
-    # the reason as Markdown text (its ">" an entity), as every cell of the card that may hold user text
-    assert "**REVIEW**" in card and "| numbers-en | REVIEW | numbers-en: kl_mean 0.07 &gt; 0.06 |" in card
+    # the reason as Markdown text (md_text), as every cell of the card that may hold user text
+    assert "**REVIEW**" in card and "| numbers-en | REVIEW | numbers-en: kl_mean 0.07 > 0.06 |" in card
     assert "| code-en | GO |  |" in card and "Not evaluated yet" not in card
     assert _front(card) == _front(before)                    # the same base model, terms and tags
     assert card.count(BASE_CARD_HEADING) == 1 and card.count("The base model's own words.") == 1
@@ -120,7 +120,7 @@ def test_the_verdict_keeps_the_card_in_the_language_it_was_written_in(tmp_path):
     write_card(out)                                         # no language given: the card's own
     card = (out / "README.md").read_text(encoding="utf-8")
     assert "结论为 **NO-GO**" in card and "| 切片 | 级别 | 首要原因 |" in card
-    assert "| numbers-en | NO-GO | numbers-en: kl_mean 0.2 &gt; 0.1 |" in card and "尚未评估" not in card
+    assert "| numbers-en | NO-GO | numbers-en: kl_mean 0.2 > 0.1 |" in card and "尚未评估" not in card
     assert _front(card) == _front(before) and card.count("The base model's own words.") == 1
     write_card(out)
     assert (out / "README.md").read_text(encoding="utf-8") == card

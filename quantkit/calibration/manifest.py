@@ -52,7 +52,8 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
     n_traffic = int(pool.traffic.sum())
     traffic = pool.cell_traffic()
     cell_rows = []
-    for c, ix in pool.cells().items():
+    # by task, then by length in numbers ("65-128" before "129-256"), not as text
+    for c, ix in sorted(pool.cells().items(), key=lambda kv: (kv[0][0], pool.labels.index(kv[0][1]))):
         cell_rows.append({
             "task": c[0], "bucket": c[1],
             "traffic_rows": traffic[c], "traffic_share": _share(traffic[c], n_traffic),

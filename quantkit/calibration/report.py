@@ -6,6 +6,7 @@ Counts and statistics only: no calibration text appears in a report.
 from __future__ import annotations
 
 import html
+import re
 from typing import Any, Callable
 
 from quantkit.calibration.plots import SERIES, figure_series, png_base64
@@ -25,14 +26,14 @@ WORDS = Catalog({
     "malformed": ("Malformed rows", "格式错误的行"),
     "figures": ("Figures", "图"),
     "tasks": ("Task types", "任务类型"),
-    "buckets": ("Length buckets (tokens)", "长度分桶（词元）"),
+    "buckets": ("Length buckets (tokens)", "长度分桶（token）"),
     "cells": ("Cells (task type x length bucket)", "单元（任务类型 × 长度分桶）"),
-    "histogram": ("Token-length histogram", "词元长度直方图"),
+    "histogram": ("Token-length histogram", "token 长度直方图"),
     "warnings": ("Warnings", "警告"),
     "none": ("none", "无"),
     "figures_note": ("Figures: see report.html (traffic, distinct and sample shares per task type and length bucket, "
                      "token-length histogram).",
-                     "图见 report.html（各任务类型与长度分桶的流量、不重复行与样本占比，以及词元长度直方图）。"),
+                     "图见 report.html（各任务类型与长度分桶的流量、不重复行与样本占比，以及 token 长度直方图）。"),
     "source": ("source: {name} ({format}, sha256 {sha})", "来源：{name}（{format}，sha256 {sha}）"),
     "tokenizer": ("tokenizer: {name}", "分词器：{name}"),
     "policy": ("policy: {policy}, seed {seed}, num_samples {num_samples}, max_len {max_len}, "
@@ -47,7 +48,7 @@ WORDS = Catalog({
     "name": ("name", "名称"), "traffic rows": ("traffic rows", "流量行数"), "traffic share": ("traffic share", "流量占比"),
     "distinct rows": ("distinct rows", "不重复行数"), "distinct share": ("distinct share", "不重复占比"),
     "selected": ("selected", "选中"), "sample share": ("sample share", "样本占比"),
-    "tokens": ("tokens", "词元"), "traffic": ("traffic", "流量"), "distinct": ("distinct", "不重复"),
+    "tokens": ("tokens", "token"), "traffic": ("traffic", "流量"), "distinct": ("distinct", "不重复"),
     "sample": ("sample", "样本"),
     "task": ("task", "任务"), "bucket": ("bucket", "长度分桶"), "traffic_rows": ("traffic_rows", "流量行数"),
     "traffic_share": ("traffic_share", "流量占比"), "distinct_rows": ("distinct_rows", "不重复行数"),
@@ -60,14 +61,48 @@ WORDS = Catalog({
     "duplicates_near": ("near duplicates skipped", "跳过的近似重复行"), "selected_count": ("samples selected", "选中的样本"),
     "truncated_source": ("distinct rows over max_len", "超过 max_len 的不重复行"),
     "truncated_selected": ("samples truncated to max_len", "截断到 max_len 的样本"),
-    "tokens_selected": ("tokens in the sample", "样本中的词元数"),
+    "tokens_selected": ("tokens in the sample", "样本中的 token 数"),
     # the figures
     "fig_tasks": ("Share per task type: traffic, distinct rows, sample", "各任务类型的占比：流量、不重复行、样本"),
     "fig_buckets": ("Share per length bucket (tokens): traffic, distinct rows, sample",
-                    "各长度分桶（词元）的占比：流量、不重复行、样本"),
-    "fig_lengths": ("Token-length histogram (capped at max_len)", "词元长度直方图（以 max_len 为上限）"),
+                    "各长度分桶（token）的占比：流量、不重复行、样本"),
+    "fig_lengths": ("Token-length histogram (capped at max_len)", "token 长度直方图（以 max_len 为上限）"),
     "unit": ("% of rows", "占行数的百分比"),
+    # where a row's task type came from (the manifest's task_source keys)
+    "field": ("field", "字段"), "inferred": ("inferred", "推断"),
+    # the coverage warnings (manifest.py's coverage_warnings), by their English pattern below
+    "warn_thin": ("cell {task} x {bucket}: only {n} distinct rows (< {min}); collect more traffic of this kind",
+                  "单元 {task} × {bucket}：只有 {n} 条不重复行（少于 {min}）；请收集更多这类流量"),
+    "warn_drained": ("cell {task} x {bucket}: all {n} distinct rows drawn, its traffic share asked for {wanted} "
+                     "(its requests repeat); the rest went to other cells",
+                     "单元 {task} × {bucket}：{n} 条不重复行已全部抽取，按流量占比应抽 {wanted} 条（其请求有重复）；"
+                     "其余名额分给了其他单元"),
+    "warn_missing": ("cell {task} x {bucket}: not represented (num_samples too small for all cells)",
+                     "单元 {task} × {bucket}：未被抽到（num_samples 太小，不足以覆盖所有单元）"),
+    "warn_short": ("selected {n} samples, fewer than the {asked} asked: the log has no more distinct rows",
+                   "选中 {n} 条样本，少于要求的 {asked} 条：日志中没有更多不重复行"),
 })
+
+# the coverage warnings as manifest.py writes them (report.json keeps them in English) -> their message id
+_WARNINGS = (
+    (re.compile(r"cell (?P<task>.+) x (?P<bucket>\S+): only (?P<n>\d+) distinct rows \(< (?P<min>\d+)\); "
+                r"collect more traffic of this kind"), "warn_thin"),
+    (re.compile(r"cell (?P<task>.+) x (?P<bucket>\S+): all (?P<n>\d+) distinct rows drawn, its traffic share "
+                r"asked for (?P<wanted>\d+) \(its requests repeat\); the rest went to other cells"), "warn_drained"),
+    (re.compile(r"cell (?P<task>.+) x (?P<bucket>\S+): not represented \(num_samples too small for all cells\)"),
+     "warn_missing"),
+    (re.compile(r"selected (?P<n>\d+) samples, fewer than the (?P<asked>\d+) asked: the log has no more distinct "
+                r"rows"), "warn_short"),
+)
+
+
+def warning_text(warning: str, w) -> str:
+    """A coverage warning in the report's language (one this file does not know, as it is)."""
+    for pattern, key in _WARNINGS:
+        m = pattern.fullmatch(warning)
+        if m:
+            return w(key, **m.groupdict())
+    return warning
 
 # count key -> its label's message id, in the report's order
 _COUNT_LABELS = (
@@ -117,7 +152,7 @@ def _html_text(value: object) -> str:
 
 
 def _kv(d: dict[str, int], w) -> str:
-    return ", ".join(f"{k} {v}" for k, v in d.items()) or w("none")
+    return ", ".join(f"{w(k) if k in WORDS else k} {v}" for k, v in d.items()) or w("none")
 
 
 def _marginal_rows(items: list[dict[str, Any]]) -> list[list[str]]:
@@ -159,7 +194,7 @@ def report_markdown(manifest: dict[str, Any], lang: str = DEFAULT_LANG) -> str:
     for section in ("counts", "malformed", "tasks", "buckets", "cells", "histogram"):
         head, rows = tables[section]
         out += [f"## {w(section)}", ""] + (table(head, rows) if rows else [w("none"), ""])
-    out += [f"## {w('warnings')}", ""] + ([f"- {md_text(x)}" for x in manifest["warnings"]] or [w("none")]) + [""]
+    out += [f"## {w('warnings')}", ""] + ([f"- {md_text(warning_text(x, w))}" for x in manifest["warnings"]] or [w("none")]) + [""]
     out += [w("figures_note"), ""]
     return "\n".join(out)
 
@@ -208,6 +243,6 @@ def report_html(manifest: dict[str, Any], lang: str = DEFAULT_LANG) -> str:
     for section in ("tasks", "buckets", "cells"):
         parts.append(f"<h2>{html.escape(w(section))}</h2>" + _html_table(*tables[section], section))
     parts.append(f"<h2>{html.escape(w('warnings'))}</h2><ul>")
-    parts += [f'<li class="warn">{html.escape(x)}</li>' for x in manifest["warnings"]] or [f"<li>{w('none')}</li>"]
+    parts += [f'<li class="warn">{html.escape(warning_text(x, w))}</li>' for x in manifest["warnings"]] or [f"<li>{w('none')}</li>"]
     parts.append("</ul></body></html>")
     return "\n".join(parts) + "\n"

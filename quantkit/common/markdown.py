@@ -7,21 +7,35 @@ Slice names, task labels, languages, example text and paths come from the user's
 
 from __future__ import annotations
 
-import html
 import re
 
-#: Markdown's own characters that would turn text into code, a link or an image (``[``, ``]``: a
-#: ``javascript:`` link needs them) or split a table cell; a backslash is doubled so that one
-#: ending the text cannot escape the cell's closing ``|``.
-_MARKUP = str.maketrans({"\\": "\\\\", "|": "\\|", "`": "\\`", "[": "\\[", "]": "\\]"})
+#: what turns text into markup: a backslash before punctuation (or ending the text, where it
+#: would escape a cell's closing ``|``), an entity (``&lt;``), a tag (``<img``, ``</b``, ``<!--``), a
+#: table's ``|``, a code span's backtick, and a ``]`` that closes a link or a reference (``](``,
+#: ``][``, ``]:``). Everything else is plain text that reads the same raw and rendered: a comparison
+#: ``0.31 > 0.1``, a bracketed ``[0.02, 0.05]``, a lone ``&``.
+_BACKSLASH = re.compile(r"\\(?=[!-/:-@\[-`{-~\r\n]|$)")
+_ENTITY = re.compile(r"&(?=#?[A-Za-z0-9]+;)")
+_TAG = re.compile(r"<[A-Za-z/!?]")
+_LINK_END = re.compile(r"\](?=[(\[:])")
 _NEWLINES = re.compile(r"\r\n|\r|\n")
 
 
 def md_text(value: object) -> str:
-    """``value`` as text for a Markdown table cell or list item: HTML-escaped (``<``, ``>``,
-    ``&``; quotes are plain text outside attributes), Markdown's markup characters
-    backslash-escaped, line breaks as ``<br>``."""
-    text = html.escape(str(value), quote=False).translate(_MARKUP)
+    r"""``value`` as text for a Markdown table cell or list item, escaped only where it would turn
+    into markup, so that it reads the same in the file and in a viewer: ``<`` and ``>`` as entities
+    when the text holds a tag, an entity's ``&`` as ``&amp;``, ``|``, backticks, a link's ``]`` and
+    a backslash before punctuation backslash-escaped, line breaks as ``<br>``.
+
+    >>> md_text("numbers-en: kl_mean 0.31 > 0.1 [0.2, 0.4]")
+    'numbers-en: kl_mean 0.31 > 0.1 [0.2, 0.4]'
+    >>> md_text("<img src=x onerror=alert(1)> | [a](javascript:x) &lt;")
+    '&lt;img src=x onerror=alert(1)&gt; \\| [a\\](javascript:x) &amp;lt;'
+    """
+    text = _ENTITY.sub("&amp;", _BACKSLASH.sub(r"\\\\", str(value)))
+    if _TAG.search(text):
+        text = text.replace("<", "&lt;").replace(">", "&gt;")
+    text = _LINK_END.sub(r"\\]", text.replace("|", "\\|").replace("`", "\\`"))
     return _NEWLINES.sub("<br>", text)
 
 

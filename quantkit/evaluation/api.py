@@ -34,6 +34,7 @@ from quantkit.evaluation.tasks import mc_summary
 from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, insufficient, within_noise
 from quantkit.evaluation.report import save, to_json
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures, task_manager
+from quantkit.evaluation.text_window import context, token_text
 from quantkit.runtime.loader import model_fallbacks
 
 if TYPE_CHECKING:
@@ -91,8 +92,8 @@ def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: i
         ex = {"id": e.item_id, "kl_mean": st.kl_sum / max(st.tokens, 1), "worst_token_kl": st.worst_kl,
               "position": st.worst_pos}
         if sl.public or show:
-            ex["context"] = tokenizer.decode(e.ids[max(0, st.worst_pos - 24):st.worst_pos])
-            ex["token"] = tokenizer.decode(e.ids[st.worst_pos:st.worst_pos + 1])
+            ex["context"] = context(tokenizer.decode, e.ids, max(0, st.worst_pos - 24), st.worst_pos)
+            ex["token"] = token_text(tokenizer.decode, e.ids, st.worst_pos)
         else:
             ex["context"] = HIDDEN
         out.append(ex)
@@ -275,8 +276,10 @@ def _worst_generation(sl: Slice, generations: list[Continuation], tokenizer, sho
                            key=lambda p: p[0])
     if agreement >= 1.0:
         return []
-    shown = ({"prompt": tokenizer.decode(worst.prompt), "baseline": tokenizer.decode(worst.base),
-              "candidate": tokenizer.decode(worst.cand)} if sl.public or show else {"prompt": HIDDEN})
+    # a reply cut after N tokens may end inside a character: whole characters only
+    shown = ({k: context(tokenizer.decode, ids, 0, len(ids))
+              for k, ids in (("prompt", worst.prompt), ("baseline", worst.base), ("candidate", worst.cand))}
+             if sl.public or show else {"prompt": HIDDEN})
     return [{"id": "generation", "agreement": agreement, **shown}]
 
 

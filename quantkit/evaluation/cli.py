@@ -21,6 +21,9 @@ from quantkit.serving.engine_options import ENDPOINT_TOP_K, ENGINE_TOP_K, Engine
 from quantkit.evaluation.verdict import noise_text
 from quantkit.evaluation.attention_cache import attention_cache
 
+#: the GPU a footprint is priced for when the user names none (``--gpu-mem``): marked as an assumption
+ASSUMED_GPU_MEM = "80GiB"
+
 
 def _fail(msg: str) -> None:
     typer.echo(f"error: {msg}", err=True)
@@ -47,7 +50,7 @@ class PathsOptions:
     show_samples: bool = False
     device: str = "cpu"
     progress: bool = True
-    gpu_mem: str = "80GiB"
+    gpu_mem: str | None = None              # None: the footprint is priced for ASSUMED_GPU_MEM, marked so
     languages: str | list[str] | None = None
     lm_eval_tasks: list[str] | None = None
     lm_eval_limit: int | None = None
@@ -181,14 +184,17 @@ def _check_calibration_flags(o: PathsOptions, suite_opts) -> None:
     elif o.calibration_sample is not None:
         raise QuantkitError("--calib-sample: needs --calib (the log whose business rows it is checked against)")
 
-def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str, max_len: int, plan, kv_option=None) -> dict:
+def _footprint(base_dir: Path, cand_dir: Path, gpu_mem: str | None, max_len: int, plan, kv_option=None) -> dict:
     """The deployment footprint with the KV cache evaluated: ``kv_option`` (``--kv``'s first), else
-    the checkpoint's own ``kv_cache_scheme`` (FP8 per tensor or per head), else fp16."""
+    the checkpoint's own ``kv_cache_scheme`` (FP8 per tensor or per head), else fp16. Priced for the
+    GPU ``gpu_mem`` names; without one, for ``ASSUMED_GPU_MEM``, and ``gpu_mem_assumed`` says so
+    (the evaluation's own device says nothing about the one the model will be served on)."""
     bits = _checkpoint_bits(cand_dir)
     if kv_option is None:
         kv_option = _checkpoint_kv(cand_dir)
-    fp = plan(base_dir, gpu_mem, max_len, weights=bits, kv="fp16", kv_option=kv_option,
+    fp = plan(base_dir, gpu_mem or ASSUMED_GPU_MEM, max_len, weights=bits, kv="fp16", kv_option=kv_option,
               cache=attention_cache(base_dir)).to_dict()
+    fp["gpu_mem_assumed"] = gpu_mem is None
     fp["candidate_bytes_on_disk"] = sum(p.stat().st_size for p in cand_dir.glob("*.safetensors"))
     return fp
 
@@ -324,7 +330,7 @@ def eval_command(
     lm_eval_limit: Optional[int] = typer.Option(None, "--lm-eval-limit", help="Examples per lm-eval task."),
     languages: Optional[str] = typer.Option(None, "--languages", help="Languages whose slices gate the verdict, e.g. en,zh (default: the recipe's eval.languages, else the baseline's model card, else all)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    gpu_mem: str = typer.Option("80GiB", "--gpu-mem", help="GPU memory for the footprint section."),
+    gpu_mem: Optional[str] = typer.Option(None, "--gpu-mem", help=f"GPU memory the footprint section is priced for (default: {ASSUMED_GPU_MEM}, marked as an assumption)."),
     kv: Optional[list[str]] = typer.Option(None, "--kv", help="Evaluate with a quantized KV cache: fp8-tensor, fp8-head, fp8-token-head, int8-token-head, int8-kivi (':k' / ':v' after one: only K / only V); repeat or comma-list to compare several on the long slices (the first is applied to every measure)."),
     unsafe_code_exec: bool = typer.Option(False, "--unsafe-code-exec", help="Run code items WITHOUT the bubblewrap sandbox (where it cannot be set up); the code can then do whatever your user can."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out if it holds an earlier quantkit eval report."),

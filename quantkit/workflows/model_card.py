@@ -27,6 +27,8 @@ from quantkit.common import i18n
 from quantkit.common.i18n import LANGUAGES
 from quantkit.common.markdown import md_cell_code, md_code, md_row
 from quantkit.config.safe_yaml import load_yaml_text
+from quantkit.evaluation.report.content import worst_per_slice
+from quantkit.evaluation.report.markdown import reason_line
 
 CARD = "README.md"
 BASE_CARD_HEADING = "## The base model's card"
@@ -127,6 +129,7 @@ class CardText:
     evaluation: str
     verdict: str               # decision
     verdict_head: str
+    not_gated: str             # level: a slice measured but not gating the decision
     not_evaluated: str
     base_card: str
     strategies: dict[str, str] = field(default_factory=dict)
@@ -151,7 +154,7 @@ TEXTS: dict[str, CardText] = {
         needs_ct="needs compressed-tensors", evaluation="## Evaluation",
         verdict="Verdict of `quantkit eval` on this checkpoint against its base model: **{decision}** "
                 "(`eval/report.html`).",
-        verdict_head="| slice | level | first reason |",
+        verdict_head="| slice | level | first reason |", not_gated="{level}, not gated",
         not_evaluated="Not evaluated yet: `quantkit eval --candidate ./this-folder --baseline BASE_MODEL_FOLDER`.",
         base_card=BASE_CARD_HEADING),
     "zh": CardText(
@@ -160,16 +163,16 @@ TEXTS: dict[str, CardText] = {
               "checkpoint，由 {command} 生成。",
         labels={"recipe": "配方", "quantized": "已量化", "kept": "保持原精度", "kv": "KV cache",
                 "size": "磁盘占用", "calibration": "校准数据"},
-        nothing="无", weights="{targets}：{bits} bit {type}权重，{sym}，{per}{size}；{acts}",
-        group_size="，组大小 {n}", symmetric=("对称", "非对称"), acts16="激活保持 16 bit",
-        acts="激活为 {bits} bit {type}（{mode}，{per}）", modes=("动态", "静态"), per="按 {}",
-        kv="{bits} bit {type}，{per}", size="{mib:.1f} MiB，共 {shards} 个分片",
+        nothing="无", weights="{targets}：{bits} 位{type}权重，{sym}，{per}{size}；{acts}",
+        group_size="，组大小 {n}", symmetric=("对称", "非对称"), acts16="激活保持 16 位",
+        acts="激活为 {bits} 位{type}（{mode}，{per}）", modes=("动态", "静态"), per="按 {}",
+        kv="{bits} 位{type}，{per}", size="{mib:.1f} MiB，共 {shards} 个分片",
         calibration="{n} 条样本，共 {tokens} 个 token，{what}；本模型卡不含校准文本",
-        calibration_file="来自 `{name}`（{format}，sha256 `{sha}`）", calibration_passed="由调用方直接传入",
+        calibration_file="来自 `{name}`（{format}，sha256 `{sha}`）", calibration_passed="由调用方直接传入的样本",
         calibration_none="无：该配方不需要校准数据", use="## 使用方法",
         needs_ct="需要安装 compressed-tensors", evaluation="## 评估结果",
         verdict="`quantkit eval` 将本 checkpoint 与其基础模型对比，结论为 **{decision}**（详见 `eval/report.html`）。",
-        verdict_head="| 切片 | 级别 | 首要原因 |",
+        verdict_head="| 切片 | 级别 | 首要原因 |", not_gated="{level}，不参与判定",
         not_evaluated="尚未评估。评估命令：`quantkit eval --candidate ./this-folder --baseline BASE_MODEL_FOLDER`。",
         base_card="## 基础模型的模型卡",
         strategies={"tensor": "按张量", "channel": "按通道", "group": "按组", "token": "按 token",
@@ -202,18 +205,32 @@ def _weights_line(t: CardText, group: dict) -> str:
     acts = t.acts16 if not a else t.acts.format(
         bits=a.get("num_bits"), type=t.types.get(a.get("type"), a.get("type")),
         mode=t.modes[0 if a.get("dynamic") else 1], per=_per(t, a.get("strategy")))
-    return t.weights.format(targets=t.sep.join(group.get("targets", [])), bits=w.get("num_bits"),
+    return t.weights.format(targets=t.sep.join(md_cell_code(x) for x in group.get("targets", [])), bits=w.get("num_bits"),
                             type=t.types.get(w.get("type"), w.get("type")), sym=sym,
                             per=_per(t, w.get("strategy")), size=size, acts=acts)
 
 
-def _verdict_lines(t: CardText, verdict: dict) -> list[str]:
+def _worst_first(reasons: list[dict]) -> list[dict]:
+    """Each slice's reasons, its worst first (the report's order), where they carry their figures."""
+    if not all(k in r for r in reasons for k in ("measure", "value", "limit", "level")):
+        return reasons
+    return [reasons[i] for group in worst_per_slice(reasons) for i in group]
+
+
+def _verdict_lines(t: CardText, verdict: dict, lang: str) -> list[str]:
+    """The decision, then a row per slice: its level and its first reason; a slice that does not
+    gate (the evaluation's language gate) says so beside its would-be level, its first reason the
+    one that would have counted. A slice's first reason is its worst, as the report's first screen
+    shows it."""
     reasons: dict[str, str] = {}
-    for r in verdict.get("reasons", []):
-        reasons.setdefault(r["slice"], r["text"])
+    for r in _worst_first(verdict.get("reasons", []) + verdict.get("informational", [])):
+        whole = all(k in r for k in ("measure", "value", "limit", "level"))
+        reasons.setdefault(r["slice"], reason_line(r, lang) if whole else r["text"])
+    off = verdict.get("not_gated") or {}
     lines = [t.verdict.format(decision=verdict["decision"]), "", t.verdict_head, "|---|---|---|"]
     for name, level in verdict.get("slices", {}).items():
-        lines.append(md_row([name, level, reasons.get(name, "")]))
+        shown = t.not_gated.format(level=level) if name in off else level
+        lines.append(md_row([name, shown, reasons.get(name, "")]))
     return lines
 
 
@@ -252,7 +269,7 @@ def render(f: CardFacts) -> str:
               "```python", "from transformers import AutoModelForCausalLM",
               f'model = AutoModelForCausalLM.from_pretrained("./this-folder")  # {t.needs_ct}',
               "```", "", t.evaluation, ""]
-    lines += _verdict_lines(t, f.verdict) if f.verdict else [t.not_evaluated]
+    lines += _verdict_lines(t, f.verdict, f.lang) if f.verdict else [t.not_evaluated]
     if f.base_body.strip():
         lines += ["", t.base_card, "", f.base_body.rstrip()]
     head = yaml.safe_dump(front_matter(f), sort_keys=False, allow_unicode=True)

@@ -44,6 +44,7 @@ def test_only_the_words_differ(reports):
 def test_chinese_page_has_no_english_heading_and_both_fit_1280(reports):
     m = reports["zh"].manifest
     allowed = {t["name"] for t in m["tasks"]} | {b["name"] for b in m["buckets"]}
+    allowed.add("token")   # the glossary keeps it as written (docs/zh/glossary.md)
     pages = {lang: open_page(r.out / "report.html", width=1280) for lang, r in reports.items()}
     heads = {lang: [t for tag in ("h1", "h2", "h3", "th") for t in p.headings[tag]] for lang, p in pages.items()}
     assert len(heads["zh"]) == len(heads["en"]) > 30
@@ -60,3 +61,18 @@ def test_unknown_language_is_one_line_naming_the_flag(tmp_path, tokenizer_dir):
     r = CliRunner().invoke(app, ["--model", str(tokenizer_dir), "--out", str(tmp_path / "o"), "--lang", "de"])
     assert r.exit_code == 2 and r.output == "error: --lang: expected one of en, zh, got 'de'\n"
     assert not (tmp_path / "o").exists()
+
+
+def test_length_buckets_read_in_numeric_order(reports):
+    """65-128 before 129-256, not after it as text sorts them, in the cells of the manifest and the report."""
+    m = reports["zh"].manifest
+    start = {b: int(re.match(r"\d+", b).group()) for b in m["bucket_labels"]}
+    by_task: dict[str, list[str]] = {}
+    for c in m["cells"]:
+        by_task.setdefault(c["task"], []).append(c["bucket"])
+    assert max(len(b) for b in by_task.values()) >= 3
+    assert all(b == sorted(b, key=start.get) for b in by_task.values()), by_task
+    md = reports["zh"].files["report.md"].decode()
+    cells = md.split("## 单元", 1)[1].split("\n## ", 1)[0]
+    shown = [line.split(" | ")[1] for line in cells.splitlines() if line.startswith("| ") and " | " in line][1:]
+    assert shown == [c["bucket"] for c in m["cells"]]

@@ -1,7 +1,8 @@
 """Reading a saved report's HTML back: the cells that carry a JSON path, and whole tables,
 so tests can check that every number shown equals report.json's. The page shows a number at
 three significant digits and carries the JSON's value in the cell's ``data-value``: ``cells``
-and the tables hold that value, ``shown`` what a reader sees."""
+and the tables hold that value, ``shown`` what a reader sees. A gated figure's cell shows its limit
+beside it (``<small class='limit'>``): ``limits`` holds that text by data-path, apart from the value."""
 from html.parser import HTMLParser
 
 
@@ -13,12 +14,15 @@ class Cells(HTMLParser):
 
     def __init__(self):
         super().__init__()
-        self.cells, self.shown, self.images, self.tables = {}, {}, [], {}
-        self._path, self._text, self._value = None, "", None
+        self.cells, self.shown, self.images, self.tables, self.limits = {}, {}, [], {}, {}
+        self._path, self._text, self._value, self._limit = None, "", None, None
         self._table, self._cell = None, None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
+        if tag == "small" and a.get("class") == "limit":
+            self._limit = ""
+            return
         if "data-path" in a:
             self._path, self._text, self._value = a["data-path"], "", a.get("data-value")
         if tag == "img":
@@ -33,15 +37,23 @@ class Cells(HTMLParser):
             self._cell = ["", a.get("data-path"), a.get("data-value")]
 
     def handle_data(self, data):
+        if self._limit is not None:
+            self._limit += data
+            return
         if self._path is not None:
             self._text += data
         if self._cell is not None:
             self._cell[0] += data
 
     def handle_endtag(self, tag):
+        if tag == "small" and self._limit is not None:
+            if self._path is not None:
+                self.limits[self._path] = self._limit.strip()
+            self._limit = None
+            return
         if self._path is not None and tag in ("td", "span"):
             self.cells[self._path] = self._text if self._value is None else self._value
-            self.shown[self._path] = self._text
+            self.shown[self._path] = self._text.strip()
             self._path = None
         if tag in ("td", "th") and self._cell is not None:
             text, path, value = self._cell

@@ -24,7 +24,7 @@ EVAL = {"suite": "numbers-en,code-en,long-en", "max_len": 384, "thresholds": TIN
         "options": {"text_items": 2, "extract_items": 2, "gen_prompts": 2, "gen_tokens": 4,
                     "extract_tokens": 4, "item_tokens": 64}}
 # what stays as written in a Chinese report's headings besides the report's own names
-SYMBOLS = {"quantkit", "KL", "GO", "REVIEW", "NO-GO", "lm-eval", "top-1", "SQNR", "dB", "kv"}
+SYMBOLS = {"quantkit", "KL", "GO", "REVIEW", "NO-GO", "lm-eval", "top-1", "SQNR", "dB", "kv", "token", "checkpoint"}
 
 
 def app():

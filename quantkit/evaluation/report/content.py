@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
 from quantkit.evaluation.verdict import EVIDENCE, judged_level, passing_end
-from quantkit.evaluation.report.words import MEANING_ZH, gating_source
+from quantkit.evaluation.report.words import MEANING_ZH, gating_source, length_source
 
 
 def fmt(v, spec: str = ".6g") -> str:
@@ -126,6 +126,29 @@ def reason_margin(r: dict) -> float:
     return r["value"] - r["limit"] if _higher_is_better(r["measure"]) else r["limit"] - r["value"]
 
 
+def _severity(r: dict) -> tuple[int, float]:
+    """How bad a reason is, for sorting: NO-GO before REVIEW, then how far past its limit,
+    relative to the limit."""
+    margin = reason_margin(r)
+    return (0 if r["level"] == NOGO else 1, margin / abs(r["limit"]) if r["limit"] else margin)
+
+
+def worst_per_slice(reasons: list[dict]) -> list[list[int]]:
+    """The indexes of ``reasons`` grouped by slice, each group worst first, the worst groups first.
+
+    >>> rs = [{"slice": "a", "measure": "kl_mean", "value": 0.2, "limit": 0.1, "level": "NO-GO"},
+    ...       {"slice": "b", "measure": "kl_mean", "value": 0.07, "limit": 0.06, "level": "REVIEW"},
+    ...       {"slice": "a", "measure": "kl_mean", "value": 0.5, "limit": 0.1, "level": "NO-GO"}]
+    >>> worst_per_slice(rs)
+    [[2, 0], [1]]
+    """
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(reasons):
+        groups.setdefault(r["slice"], []).append(i)
+    ordered = [sorted(g, key=lambda i: _severity(reasons[i])) for g in groups.values()]
+    return sorted(ordered, key=lambda g: _severity(reasons[g[0]]))
+
+
 def reason_interval(r: dict, words, show=short) -> str:
     """The interval over prompts a reason was gated on, as an aside ("" for one gated on its value)."""
     if not r.get("interval"):
@@ -171,8 +194,10 @@ def column_groups(data: dict) -> tuple[list[tuple[str, str, str]], list[tuple[st
 
 # --- sentences ----------------------------------------------------------------------------
 
-def source_note(meta: dict) -> str:
-    return f" ({meta['max_len_source']})" if meta.get("max_len_source") else ""
+def source_note(meta: dict, words) -> str:
+    """Where the evaluated length came from, as an aside in the report's language."""
+    source = meta.get("max_len_source")
+    return words("aside", x=length_source(source, words)) if source else ""
 
 
 def gating_text(data: dict, words) -> str:
@@ -193,8 +218,11 @@ def not_gated_note(note: str, words) -> str:
     """languages.py's "not gated (source: languages)" in the report's language."""
     if words("yes") == "yes":
         return note
-    why = re.fullmatch(r"not gated \((.*)\)", note)
-    return f"{words('not_gated')}（{why.group(1) if why else note}）"
+    why = re.fullmatch(r"not gated \((.*): (.*)\)", note)
+    if not why:
+        return words("not_gated")
+    source = "model card" if why.group(1) == "model card languages" else why.group(1)
+    return words("not_gated_why", source=gating_source(source, words), langs=why.group(2))
 
 
 def noise_line(n: dict, words, show=short) -> str:
@@ -324,6 +352,15 @@ def layer_summary(module_errors: dict[str, float]) -> list[tuple[int, int, float
         median = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
         out.append((layer, len(vals), vals[0], median, vals[-1]))
     return out
+
+
+def footprint_note(footprint: dict, words) -> str:
+    """Which GPU the footprint is priced for: the one ``--gpu-mem`` named, or an assumed one, said so."""
+    gib = footprint.get("gpu_mem_bytes")
+    if not gib:
+        return ""
+    size = f"{gib / 2**30:g}"
+    return words("footprint_assumed" if footprint.get("gpu_mem_assumed") else "footprint_named", gib=size)
 
 
 ENGINE_SETTINGS = ("engine", "version", "device", "host", "dtype", "dtype_reason", "probe_step_s", "quantization",

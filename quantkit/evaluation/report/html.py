@@ -9,10 +9,10 @@ import html
 
 from quantkit.common.i18n import HTML_LANG
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                column_groups, engine_section, fmt, gated_figures, gates, gating_text,
+                                                column_groups, engine_section, fmt, footprint_note, gated_figures, gates, gating_text,
                                                 headline_figures, integrity_text, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
-                                                reason_sign, short, slice_notes, source_note, variants)
+                                                reason_sign, short, slice_notes, source_note, variants, worst_per_slice)
 from quantkit.evaluation.report.words import WORDS
 
 e = html.escape
@@ -23,13 +23,27 @@ STYLE = ("body{font-family:sans-serif;max-width:1200px;margin:1.5em auto;padding
          ".wide{max-width:100%;overflow-x:auto}img{max-width:100%;height:auto}"
          ".GO{background:#c8e6c9}.REVIEW{background:#fff9c4}.NO-GO{background:#ffcdd2}"
          "#decision{padding:0 0.3em}#reasons li,#informational li{margin:0.2em 0}"
-         "details{margin:0.5em 0}summary{cursor:pointer;font-weight:bold}pre{white-space:pre-wrap}")
+         "details{margin:0.5em 0}summary{cursor:pointer;font-weight:bold}pre{white-space:pre-wrap}"
+         # a header breaks between words only ("languag/e" at 1280 px otherwise): body's overflow-wrap
+         # would let it break anywhere, and keep-all keeps a Chinese word whole ("语/言"); a measure
+         # name breaks after its underscores (``_th``)
+         "th{word-break:keep-all;overflow-wrap:normal;hyphens:none}"
+         "td.GO,td.REVIEW,td.NO-GO,td.ungated,.limit{white-space:nowrap}.limit{color:#555}"
+         ".ungated{background:#eee;color:#555}")
 
 
 def _cell(value, path: str) -> str:
     if value is None:
         return "<td>–</td>"
     return f'<td data-path="{e(path)}" data-value="{e(fmt(value))}">{e(short(value))}</td>'
+
+
+def _judged_cell(value, path: str, figure) -> str:
+    """A gated figure's cell: the value, then the limit that judges it (``Gated``), as "0.31 > 0.1"."""
+    if value is None or figure is None:
+        return _cell(value, path)
+    return (f'<td data-path="{e(path)}" data-value="{e(fmt(value))}">{e(short(value))} '
+            f"<small class='limit'>{e(figure.sign)} {e(short(figure.limit))}</small></td>")
 
 
 def _span(value, path: str) -> str:
@@ -68,7 +82,7 @@ def _head(data: dict, w, lang: str) -> list[str]:
     m, decision = data["meta"], e(data["decision"])
     summary = w("summary_html", baseline=f"<code>{e(str(m.get('baseline', '?')))}</code>",
                 candidate=f"<code>{e(str(m.get('candidate', '?')))}</code>",
-                max_len=f"<span data-path='meta.max_len'>{m['max_len']}</span>", source=e(source_note(m)))
+                max_len=f"<span data-path='meta.max_len'>{m['max_len']}</span>", source=e(source_note(m, w)))
     parts = [f"<!doctype html><html lang='{HTML_LANG[lang]}'><head><meta charset='utf-8'>"
              f"<meta name='viewport' content='width=device-width'><title>{e(w('title'))}: {decision}</title>"
              f"<style>{STYLE}</style></head><body>",
@@ -79,7 +93,7 @@ def _head(data: dict, w, lang: str) -> list[str]:
     return parts
 
 
-def _reason_item(r: dict, key: str, i: int, w, lang: str) -> str:
+def _reason_item(r: dict, key: str, i: int, w, lang: str, more: str = "") -> str:
     colon = w("colon")
     over = margin_text(reason_margin(r), w)
     said = meaning(r["measure"], lang)
@@ -88,15 +102,27 @@ def _reason_item(r: dict, key: str, i: int, w, lang: str) -> str:
             f"{_span(r['value'], f'verdict.{key}.{i}.value')} {reason_sign(r)} "
             f"{_span(r['limit'], f'verdict.{key}.{i}.limit')}{e(reason_interval(r, w))}{e(w('aside', x=over))}"
             f"{e(colon + said) if said else ''}"
-            f"{note}</li>")
+            f"{note}{e(more)}</li>")
+
+
+def _grouped(reasons: list[dict], key: str, w, lang: str) -> str:
+    """The reasons one line per slice, its worst first (``worst_per_slice``), the slice's other
+    reasons folded into one ``<details>`` below the list: the first screen holds the decision and
+    a line per slice, however many measures a slice breaks."""
+    groups = worst_per_slice(reasons)
+    shown = "".join(_reason_item(reasons[g[0]], key, g[0], w, lang, w("more_reasons", n=len(g) - 1) if g[1:] else "")
+                    for g in groups)
+    rest = [i for g in groups for i in g[1:]]
+    folded = (f"<details id='{key}_rest'><summary>{e(w('other_reasons', n=len(rest)))}</summary><ul>"
+              + "".join(_reason_item(reasons[i], key, i, w, lang) for i in rest) + "</ul></details>") if rest else ""
+    return f"<ul id='{key}'>{shown}</ul>{folded}"
 
 
 def _reasons(data: dict, w, lang: str) -> list[str]:
     v = data["verdict"]
     parts = [f"<h2>{e(w('reasons'))}</h2>"]
     if v.get("reasons"):
-        parts.append("<ul id='reasons'>" + "".join(_reason_item(r, "reasons", i, w, lang)
-                                                    for i, r in enumerate(v["reasons"])) + "</ul>")
+        parts.append(_grouped(v["reasons"], "reasons", w, lang))
         return parts
     parts.append(f"<p id='reasons'>{e(w('no_reasons'))}</p>")
     figures = headline_figures(gated_figures(data))
@@ -135,9 +161,7 @@ def _notices(data: dict, w, lang: str) -> list[str]:
         parts.append(f"<h2>{e(w('within_noise'))}</h2><p>{e(w('within_noise_note'))}</p><ul id='within_noise'>"
                      + "".join(f"<li>{e(noise_line(n, w))}</li>" for n in v["within_noise"]) + "</ul>")
     if v.get("informational"):
-        parts.append(f"<h2>{e(w('informational'))}</h2><ul id='informational'>"
-                     + "".join(_reason_item(r, "informational", i, w, lang) for i, r in enumerate(v["informational"]))
-                     + "</ul>")
+        parts.append(f"<h2>{e(w('informational'))}</h2>" + _grouped(v["informational"], "informational", w, lang))
     return parts
 
 
@@ -145,10 +169,13 @@ def _slices(data: dict, images: dict[str, str], w) -> list[str]:
     v = data["verdict"]
     gated, groups = column_groups(data)
     langs = data.get("languages") or {}
-    rows = [f"<tr><td>{e(name)}</td><td>{e(langs.get(name) or '–')}</td><td class='{e(v['slices'][name])}'>"
+    judged = {(f.slice, f.measure): f for f in gated_figures(data)}
+    off = v.get("not_gated", {})
+    rows = [f"<tr><td>{e(name)}</td><td>{e(langs.get(name) or '–')}</td>"
+            f"<td class='{'ungated' if name in off else e(v['slices'][name])}'>"
             f"{e(v['slices'][name])}</td><td>{e(gates(data, name, w))}</td>"
-            + "".join(_cell(vals.get(c), f"slices.{name}.{c}") for c, _, _ in gated) + "</tr>"
-            for name, vals in data["slices"].items()]
+            + "".join(_judged_cell(vals.get(c), f"slices.{name}.{c}", judged.get((name, c))) for c, _, _ in gated)
+            + "</tr>" for name, vals in data["slices"].items()]
     parts = [f"<h2>{e(w('slices'))}</h2>",
              _table("slices", [w("th_slice"), w("th_language"), w("th_verdict"), w("th_gates"),
                                *(t for _, t, _ in gated)], rows)]
@@ -226,10 +253,11 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
                   _table("engine", header, ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>"
                                             for row in rows])]
     if data.get("footprint"):
-        parts += [f"<h2>{e(w('footprint'))}</h2>",
+        parts += [f"<h2>{e(w('footprint'))}</h2><p id='footprint_gpu'>{e(footprint_note(data['footprint'], w))}</p>",
                   _table("footprint", [w("th_quantity"), w("th_value")],
-                         [f"<tr><td><code>{e(k)}</code></td>{_cell(val, f'footprint.{k}')}</tr>"
-                          for k, val in data["footprint"].items()])]
+                         [f"<tr><td><code>{e(k)}</code></td>"
+                          + (f"<td>{e(w(('no', 'yes')[val]))}</td>" if isinstance(val, bool) else _cell(val, f'footprint.{k}'))
+                          + "</tr>" for k, val in data["footprint"].items()])]
     if data["worst_examples"]:
         parts.append(f"<h2>{e(w('worst'))}</h2>")
         for name, exs in data["worst_examples"].items():

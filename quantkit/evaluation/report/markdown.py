@@ -2,20 +2,26 @@
 (``fmt``): it is the file that is diffed and searched; the HTML page is the one read at a glance."""
 from __future__ import annotations
 
-from quantkit.common.markdown import md_code, md_row, md_text
+from quantkit.common.markdown import md_cell_code, md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                columns, engine_section, fmt, gates, gating_text, integrity_grid,
+                                                columns, engine_section, fmt, footprint_note, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
                                                 reason_sign, slice_notes, source_note, variants)
 from quantkit.evaluation.report.words import WORDS
 
 
-def reason_line(r: dict, lang: str, show=fmt) -> str:
-    """A breach as one line: slice, measure, value against its limit, by how much, what it says."""
+def reason_figure(v) -> str:
+    """A reason's figure as the verdict's own text prints it (four significant digits)."""
+    return fmt(v, ".4g")
+
+
+def reason_line(r: dict, lang: str, show=reason_figure) -> str:
+    """A breach as one line: slice, measure, value against its limit, by how much, what it says;
+    figures as the verdict's English text prints them, in every language."""
     words = WORDS.bind(lang)
     over = margin_text(reason_margin(r), words, show)
-    if lang == "en" and show is fmt:
+    if lang == "en" and show is reason_figure:
         return r["text"] + words("aside", x=over)    # the verdict's own words, as report.json holds them
     said = meaning(r["measure"], lang)
     colon, over = words("colon"), words("aside", x=over)
@@ -31,7 +37,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
     v, m = data["verdict"], data["meta"]
     lines = [f"# {w('title')}{w('colon')}**{data['decision']}**", ""]
     lines += [w("summary", baseline=md_code(m.get('baseline', '?')), candidate=md_code(m.get('candidate', '?')),
-                max_len=m['max_len'], source=md_text(source_note(m)), seconds=fmt(m['seconds_total'])), "",
+                max_len=m['max_len'], source=md_text(source_note(m, w)), seconds=fmt(m['seconds_total'])), "",
               md_text(gating_text(data, w)), ""]
     if m.get("slices_skipped"):
         lines += [f"**{md_text(m['slices_skipped'])}**", ""]
@@ -39,7 +45,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
         lines += [f"## {w('reasons')}", ""] + [f"- **{r['level']}** {md_text(reason_line(r, lang))}"
                                                for r in v["reasons"]] + [""]
     if data.get("warnings"):
-        lines += [f"## {w('warnings')}", ""] + [f"- **warning**: {md_text(x)}" for x in data["warnings"]] + [""]
+        lines += [f"## {w('warnings')}", ""] + [f"- {md_text(x)}" for x in data["warnings"]] + [""]
     if v.get("within_noise"):
         lines += [f"## {w('within_noise')}", "", w("within_noise_note"), ""]
         lines += [f"- {md_text(noise_line(n, w, fmt))}" for n in v["within_noise"]] + [""]
@@ -50,15 +56,17 @@ def markdown(data: dict, lang: str | None = None) -> str:
         lines.append("")
     lines += _engine_markdown(data, w) + _slices_markdown(data, w) + _positions_markdown(data, w)
     if data.get("footprint"):
-        lines += [f"## {w('footprint')}", "", f"| {w('th_quantity')} | {w('th_value')} |", "|---|---|"]
-        lines += [md_row([k, fmt(val)]) for k, val in data["footprint"].items()] + [""]
+        lines += [f"## {w('footprint')}", "", md_text(footprint_note(data["footprint"], w)), "",
+                  f"| {w('th_quantity')} | {w('th_value')} |", "|---|---|"]
+        lines += [f"| {md_cell_code(k)} | {md_text(w(('no', 'yes')[val]) if isinstance(val, bool) else fmt(val))} |"
+                  for k, val in data["footprint"].items()] + [""]
     if data["worst_examples"]:
         lines += [f"## {w('worst')}", ""]
         for name, exs in data["worst_examples"].items():
             lines += [f"### {md_text(_named(data, name, w))}", ""]
-            for ex in exs:
-                lines.append("- " + md_text("; ".join(f"{k}: {fmt(val)!r}" if isinstance(val, str) else f"{k}: {fmt(val)}"
-                                                      for k, val in ex.items())))
+            for ex in exs:   # the text as a code span: shown verbatim, its spaces kept
+                lines.append("- " + "; ".join(f"{k}: {md_code(val)}" if isinstance(val, str) else f"{k}: {fmt(val)}"
+                                              for k, val in ex.items()))
             lines.append("")
     if data.get("integrity"):
         lines += _integrity_markdown(data["integrity"], w)
@@ -109,7 +117,8 @@ def _positions_markdown(data: dict, w) -> list[str]:
     for name, rows in data["kl_by_position"].items():
         others = variants(data, name)
         lines += [f"## {w('positions_of', name=md_text(_named(data, name, w)))}", ""]
-        lines += [md_text(n) for n in slice_notes(data, name)] + [""]
+        notes = slice_notes(data, name)
+        lines += [md_text(n) for n in notes] + ([""] if notes else [])
         lines += [md_row([w("th_positions"), w("th_tokens"), candidate_label(data["meta"], w), *others]),
                   "|---|---|" + "---|" * (1 + len(others))]
         for i, r in enumerate(rows):
@@ -141,11 +150,27 @@ def _integrity_markdown(integrity: dict, w) -> list[str]:
     if integrity["fallback"]:
         lines += [w("fallback"), ""]
         lines += [f"- {md_text(unit)}: {md_text(why)}" for unit, why in integrity["fallback"].items()] + [""]
-    layers, kinds, _, excess = integrity_grid(integrity)
-    if layers:
-        lines += [w("excess_grid"), "", f"| {w('th_layer')} | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
-        lines += [f"| {layer_label(u)} | " + " | ".join(fmt(v) for v in row) + " |" for u, row in zip(layers, excess)]
-        lines.append("")
+    lines += _excess_markdown(integrity, w)
     if integrity["notes"]:
         lines += [f"- {w('note')}: {md_text(n)}" for n in integrity["notes"][:10]] + [""]
     return lines
+
+
+def _excess_markdown(integrity: dict, w) -> list[str]:
+    """What the integrity pass found, per layer and module kind: one sentence for the worst part,
+    and the grid of excess over expected (dB) only for the layers where a part is past it (> 0).
+    A clean checkpoint's grid would be a page of the allowance's own figure: it is left out."""
+    layers, kinds, _, excess = integrity_grid(integrity)
+    cells = [(v, u, k) for u, row in zip(layers, excess) for k, v in zip(kinds, row) if v is not None]
+    if not cells:
+        return []
+    worst, unit, kind = max(cells, key=lambda c: c[0])
+    where = {"layer": layer_label(unit), "kind": kind, "db": f"{worst:.1f}"}
+    if worst <= 0:
+        return [w("excess_clean", **where), ""]
+    bad = [(u, row) for u, row in zip(layers, excess) if any(v is not None and v > 0 for v in row)]
+    lines = [w("excess_found", n=len(bad), **where), "",
+             f"| {w('th_layer')} | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+    lines += [f"| {layer_label(u)} | " + " | ".join("–" if v is None else f"{v:.1f}" for v in row) + " |"
+              for u, row in bad]
+    return lines + [""]

@@ -7,6 +7,8 @@ The Chinese is written for engineers who read such reports: 结论 (decision), �
 """
 from __future__ import annotations
 
+import re
+
 from quantkit.common.i18n import Catalog
 
 WORDS = Catalog({
@@ -16,6 +18,8 @@ WORDS = Catalog({
     "aside": (" ({x})", "（{x}）"),
     "reasons": ("Reasons", "原因"),
     "no_reasons": ("Every gated figure is within its limit.", "所有参与判定的指标都在限值之内。"),
+    "more_reasons": ("; {n} more below", "；另有 {n} 项见下方"),
+    "other_reasons": ("The other {n} reasons", "其余 {n} 项原因"),
     "closest": ("Closest to its limit: {line}", "离限值最近的一项：{line}"),
     "gating": ("Gating figures: value, limit, margin", "判定指标：数值、限值与余量"),
     "gating_note": ("Each gated slice's tightest figure: the one closest to its limit, or furthest past it, "
@@ -29,7 +33,7 @@ WORDS = Catalog({
                           "over rows; over prompts for greedy agreement and extraction). A measure over a few prompts "
                           "counts only when its whole interval is past a limit, so those marked \"not counted\" did "
                           "not change the decision:",
-                          "换用同一业务流量的其他行或其他提示，这些等级可能不同（按行自助抽样；贪心一致率和数字抽取按提示抽样）。"
+                          "换用同一业务流量的其他行或其他提示，这些级别可能不同（按行 bootstrap；贪心一致率和数字抽取按提示 bootstrap）。"
                           "基于少量提示的指标只有整个区间都越过限值时才计入，标为“不计入”的项未改变结论："),
     "informational": ("Not gated (information only)", "不参与判定（仅供参考）"),
     "slices": ("Slices", "切片"),
@@ -42,7 +46,7 @@ WORDS = Catalog({
     "positions": ("KL by position", "按位置的 KL"),
     "positions_of": ("KL by position: {name}", "按位置的 KL：{name}"),
     "modules": ("Per-module quantization error", "逐模块量化误差"),
-    "integrity": ("Checkpoint integrity", "检查点完整性"),
+    "integrity": ("Checkpoint integrity", "checkpoint 完整性"),
     "mixed": ("Mixed-precision plan", "混合精度方案"),
     "engine": ("Served by the engine", "在推理引擎中的评估"),
     "footprint": ("Deployment footprint", "部署资源占用"),
@@ -58,7 +62,7 @@ WORDS = Catalog({
     "th_value": ("value", "数值"),
     "th_limit": ("limit", "限值"),
     "th_margin": ("margin", "余量"),
-    "th_level": ("level", "等级"),
+    "th_level": ("level", "级别"),
     "th_task": ("task", "任务"),
     "th_metric": ("metric", "指标"),
     "th_baseline": ("baseline", "基线"),
@@ -67,9 +71,9 @@ WORDS = Catalog({
     "th_start": ("start", "起始位置"),
     "th_end": ("end", "结束位置"),
     "th_positions": ("positions", "位置"),
-    "th_tokens": ("tokens", "词元数"),
+    "th_tokens": ("tokens", "token 数"),
     "th_variant": ("variant", "变体"),
-    "th_would_be": ("would-be level", "若参与判定的等级"),
+    "th_would_be": ("would-be level", "本应得到的级别"),
     "th_unit": ("unit", "单元"),
     "th_format": ("format", "格式"),
     "th_predicted_kl": ("predicted KL", "预测 KL"),
@@ -91,25 +95,35 @@ WORDS = Catalog({
     "without_reply": ("without_reply", "无回复"),
     "stop": ("stop", "停止条件"),
     "evidence": ("evidence", "证据"),
-    "scored_tokens": ("scored_tokens", "计分词元"),
+    "scored_tokens": ("scored_tokens", "计分 token"),
     "yes": ("yes", "是"),
+    "no": ("no", "否"),
     "not_gated": ("not gated", "不参与判定"),
+    "not_gated_why": ("not gated ({source}: {langs})", "不参与判定（{source} 只列出 {langs}）"),
     # sentences and their parts
     "summary": ("Baseline {baseline}, candidate {candidate}, max length {max_len}{source}, {seconds} s.",
                 "基线 {baseline}，候选 {candidate}，最大长度 {max_len}{source}，用时 {seconds} 秒。"),
     "summary_html": ("Baseline {baseline}, candidate {candidate}, max length {max_len}{source}.",
                      "基线 {baseline}，候选 {candidate}，最大长度 {max_len}{source}。"),
     "margin": ("margin {m}", "余量 {m}"),
-    "over_by": ("over by {m}", "超出 {m}"),
+    "over_by": ("over by {m}", "越过限值 {m}"),
     "gating_all_slices": ("Every slice gates the decision (no language restriction).",
                           "所有切片都参与判定（未限定语言）。"),
     "gating_languages": ("Languages that gate the decision: {langs} (from {source}). Slices in other languages are "
                          "measured and shown with their would-be level but do not change the decision; business "
                          "slices and lm-eval tasks always gate.",
-                         "参与判定的语言：{langs}（来自 {source}）。其他语言的切片照常测量并给出假定等级，但不改变结论；"
+                         "参与判定的语言：{langs}（依据{source}）。其他语言的切片照常测量并给出本应得到的级别，但不改变结论；"
                          "业务切片和 lm-eval 任务始终参与判定。"),
     "source_card": ("the baseline's model card, README.md", "基线的模型卡 README.md"),
     "source_recipe": ("the recipe's eval.languages", "配方的 eval.languages"),
+    "source_flag": ("--languages", "命令行参数 --languages"),
+    "len_model": ("the model's max_position_embeddings", "模型的 max_position_embeddings"),
+    "len_baseline": ("the baseline's max_position_embeddings", "基线的 max_position_embeddings"),
+    "len_recipe": ("the recipe's eval.max_len", "配方的 eval.max_len"),
+    "len_flag": ("--max-len", "命令行参数 --max-len"),
+    "len_given": ("given", "由调用方指定"),
+    "len_default": ("the default, {n}: the model's config gives no max_position_embeddings",
+                    "默认值 {n}：模型配置中没有 max_position_embeddings"),
     "noise": ("{slice}: {measure} {value} (95% interval over rows {lo}-{hi}) holds its {level} limit {limit}: "
               "within noise",
               "{slice}：{measure} {value}（按行的 95% 区间 {lo}-{hi}）包含其 {level} 限值 {limit}，处于噪声范围内"),
@@ -124,9 +138,20 @@ WORDS = Catalog({
     "not_gated_label": ("{name} (not gated)", "{name}（不参与判定）"),
     "fallback": ("Checked from the checkpoint alone (layout, finite positive scales, codes on the grid; "
                  "no reference to compare with):",
-                 "仅依据检查点本身检查（布局、有限且为正的缩放因子、码值落在网格上；没有可比较的参考）："),
-    "excess_grid": ("Worst part's excess over expected error, dB (> 0 is flagged), layer x module kind:",
-                    "最差部分超出预期误差的幅度，dB（> 0 即标记），按层 × 模块类型："),
+                 "仅依据 checkpoint 本身检查（布局、有限且为正的缩放因子、码值落在网格上；没有可比较的参考）："),
+    "excess_clean": ("No part's error exceeds what its scheme and the quantizer's record allow: the closest is "
+                     "layer {layer}, {kind}, at {db} dB (a part past 0 dB is flagged).",
+                     "没有任何部分的误差超出其量化方案与量化器记录所允许的范围：最接近的是第 {layer} 层的 {kind}，{db} dB"
+                     "（超过 0 dB 即标记）。"),
+    "excess_found": ("Excess over expected error, dB, in the {n} layers where a part is past it (> 0 is flagged; "
+                     "worst: layer {layer}, {kind}, {db} dB):",
+                     "误差超出预期的幅度（dB），仅列出有部分超出的 {n} 层（超过 0 即标记；最差：第 {layer} 层的 {kind}，{db} dB）："),
+    "footprint_assumed": ("An assumption: priced for a GPU of {gib} GiB, since none was named (--gpu-mem); the "
+                          "evaluation's own device says nothing about the one the model is served on. Pass --gpu-mem "
+                          "for yours.",
+                          "以下为假设值：未指定 GPU（--gpu-mem），按 {gib} GiB 显存的 GPU 估算；评估所用的设备不代表部署时的"
+                          " GPU。请用 --gpu-mem 指定实际的 GPU。"),
+    "footprint_named": ("Priced for a GPU of {gib} GiB (--gpu-mem).", "按 {gib} GiB 显存的 GPU 估算（--gpu-mem）。"),
     "note": ("note", "注"),
     "none": ("none", "无"),
     "nothing": ("nothing", "无"),
@@ -148,19 +173,19 @@ WORDS = Catalog({
     "engine_note": ("Both models were scored inside the serving engine. KL {kl}. Path agreement: the candidate's "
                     "figures in the engine beside quantkit's own path on up to {tokens} tokens a slice. Not measured "
                     "in the engine: {missing}.",
-                    "两个模型都在推理引擎中计分。KL：{kl}。路径一致性：候选在引擎中的指标与 quantkit 自身路径的指标并列，"
-                    "每个切片最多 {tokens} 个词元。引擎中未测量：{missing}。"),
+                    "两个模型都在推理引擎中计分。KL：{kl}。路径一致率：候选在引擎中的指标与 quantkit 自身路径的指标并列，"
+                    "每个切片最多 {tokens} 个 token。引擎中未测量：{missing}。"),
     "mixed_text": ("{bits} bits per planned weight (budget: {budget}), predicted KL {kl} nats per token ({method} "
                    "score){measured}; {shares}.",
-                   "按方案每个权重 {bits} 位（预算：{budget}），预测 KL 为每词元 {kl} nats（{method} 评分）{measured}；"
+                   "按方案每个权重 {bits} 位（预算：{budget}），预测 KL 为每 token {kl} nats（{method} 评分）{measured}；"
                    "{shares}。"),
     "mixed_measured": ("; measured mean KL over the gated slices {kl}", "；参与判定切片上实测的平均 KL 为 {kl}"),
     "mixed_units": ("{fmt} {n} units", "{fmt} {n} 个单元"),
     "no_cjk_font": ("", "未找到中文字体，图中标注为英文（scripts/setup-browser.sh 会安装 fonts-wqy-zenhei）。"),
     # plot labels
-    "plot_kl": ("mean KL(baseline || candidate) per token, nats", "每词元平均 KL(基线 || 候选)，nats"),
+    "plot_kl": ("mean KL(baseline || candidate) per token, nats", "每 token 平均 KL(基线 || 候选)，nats"),
     "plot_top1": ("top-1 agreement", "top-1 与基线的一致率"),
-    "plot_context": ("context length (bucket end, tokens)", "上下文长度（分桶终点，词元）"),
+    "plot_context": ("context length (bucket end, tokens)", "上下文长度（分桶终点，token）"),
     "plot_mean_kl": ("mean KL, nats", "平均 KL，nats"),
     "plot_sqnr": ("SQNR, dB (lower = more error)", "SQNR，dB（越低误差越大）"),
     "plot_layers": ("per-layer quantization error: the layer's modules (as recorded by the algorithm)",
@@ -181,11 +206,25 @@ WORDS = Catalog({
 
 #: what a breach of a measure says, in Chinese, for the measures whose record carries a meaning
 MEANING_ZH = {
-    "the engine computes something other than the checkpoint describes": "引擎的计算与检查点描述的不一致",
+    "the engine computes something other than the checkpoint describes": "引擎的计算与 checkpoint 描述的不一致",
 }
 
 
 def gating_source(source: object, words) -> str:
     """Where the gating languages came from, in the report's language."""
-    known = {"model card": "source_card", "eval.languages": "source_recipe"}
+    known = {"model card": "source_card", "eval.languages": "source_recipe", "--languages": "source_flag"}
     return words(known[source]) if source in known else str(source)
+
+
+#: where the evaluated length came from (context.py, serving/deployment.py, evaluation/cli.py) -> its words
+LENGTH_SOURCES = {"the model's max_position_embeddings": "len_model",
+                  "the baseline's max_position_embeddings": "len_baseline", "eval.max_len": "len_recipe",
+                  "--max-len": "len_flag", "given": "len_given"}
+
+
+def length_source(source: str, words) -> str:
+    """Where the evaluated length came from, in the report's language (an unknown source as it is)."""
+    if source in LENGTH_SOURCES:
+        return words(LENGTH_SOURCES[source])
+    default = re.match(r"default \((\d+):", source)
+    return words("len_default", n=default.group(1)) if default else source
