@@ -3,15 +3,18 @@ main job's minutes: SmolLM2's measured slices under 4-bit weights (evaluation/sm
 benchmarks/eval.py on the embedded model), judged by the default thresholds with the Chinese slices
 not gated (the base card says en), and the rest shaped as the main job writes it: a clean GPTQ
 checkpoint's integrity pass (every part at the record's own allowance, -1 dB), a footprint priced
-for an assumed GPU, length buckets, worst examples with Chinese text. The renderers read only this
+for an assumed GPU, length buckets, worst examples with Chinese text, and the warnings and
+long-context notes the evaluation's own code words (context.py, kernels/). The renderers read only this
 dict (``report.markdown``, ``report.render_html``, ``model_card.render``)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from quantkit.evaluation.context import Reach
 from quantkit.evaluation.report import SCHEMA_VERSION
 from quantkit.evaluation.verdict import Thresholds, decide
+from quantkit.kernels import backend_for_format, collecting_fallbacks
 from quantkit.serving.memory_account import plan
 from quantkit.workflows.model_card import CardFacts, render
 
@@ -21,6 +24,7 @@ SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num
 KINDS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
          "mlp.up_proj", "mlp.down_proj")
 NOT_GATED = "not gated (model card languages: en)"
+NO_KERNEL_FORMAT = "format-without-kernels"   # a format no backend has a kernel for: the fallback warning
 
 
 def _integrity() -> dict:
@@ -44,23 +48,40 @@ def _examples() -> dict:
                             "context": "四年多来，他", "token": "说"}]}
 
 
+def _reach() -> tuple[list[str], list[str]]:
+    """The long slices' warnings and notes as context.py writes them for the main job on a CPU
+    with little memory free: windows of 4096 of the 8192 positions, texts shorter than that."""
+    reach = Reach(8192, "the model's max_position_embeddings", 4096, 9.6, 3.1)
+    warnings = reach.record("long-en", [3100, 5200], 4095) + reach.record("long-zh", [2900], 2899)
+    return [reach.notes()[0], *warnings, fallback_sentence()], reach.notes()
+
+
+def fallback_sentence() -> str:
+    """kernels/'s warning for a format a backend has no kernel for, as it words it."""
+    with collecting_fallbacks() as reasons:
+        backend_for_format(NO_KERNEL_FORMAT, "triton", explicit=False)
+    return reasons[0]
+
+
 def main_job_data(lang: str = "en") -> dict:
     """report.json's dict of the main job (``meta.lang``: ``lang``)."""
     slices = {name: dict(values) for name, values in MEASURED["candidates"]["w4a16-g64"].items()}
     verdict = decide(slices, not_gated={n: NOT_GATED for n in slices if n.endswith("-zh")}).to_dict()
     footprint = plan(dict(SMOLLM2), "80GiB", 8192, weights="int4", kv="fp16").to_dict()
     footprint |= {"candidate_bytes_on_disk": 105_000_000, "gpu_mem_assumed": True}
+    warnings, notes = _reach()
     return {
         "schema_version": SCHEMA_VERSION, "decision": verdict["decision"], "verdict": verdict,
         "meta": {"baseline": "SmolLM2-135M-Instruct", "candidate": "out/smollm2-w4a16-gptq", "max_len": 8192,
                  "max_len_source": "the model's max_position_embeddings", "seconds_total": 402.7,
-                 "languages": {"gating": ["en"], "source": "model card"}, "lang": lang},
+                 "languages": {"gating": ["en"], "source": "model card"}, "lang": lang,
+                 "long_context_notes": notes},
         "engine": None, "slices": slices, "public": {n: True for n in slices},
         "languages": {n: n.rsplit("-", 1)[1] for n in slices}, "lm_eval": None,
         "kl_by_position": {"long-en": _buckets(0.35), "long-zh": _buckets(0.5)}, "kl_by_position_variants": {},
         "worst_examples": _examples(), "footprint": footprint,
         "module_errors": {f"model.layers.{i}.{k}": 19.5 for i in range(30) for k in KINDS},
-        "integrity": _integrity(), "mixed": None, "thresholds": Thresholds().to_dict(), "warnings": [],
+        "integrity": _integrity(), "mixed": None, "thresholds": Thresholds().to_dict(), "warnings": warnings,
     }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from browser import untranslated
-from recorded_report import main_job_card, main_job_data
+from recorded_report import NO_KERNEL_FORMAT, main_job_card, main_job_data
 
 from quantkit.calibration.report import WORDS as CALIBRATION_WORDS
 from quantkit.calibration.report import report_markdown
@@ -33,7 +33,8 @@ FLAG = re.compile(r"--[a-z][a-z0-9-]*")
 # units, formats, file names and the glossary's untranslated terms
 SYMBOLS = {"quantkit", "KL", "SQNR", "dB", "GiB", "MiB", "nats", "GPU", "lm-eval", "top-1", "README.md", "kv",
            "max_position_embeddings", "eval.languages", "eval.max_len", "compressed-tensors", "sha256", "jsonl",
-           "report.html", "num_samples", "max_len", "min_per_cell", "en", "zh", "traffic", "vllm", "transformers"}
+           "report.html", "num_samples", "max_len", "min_per_cell", "en", "zh", "traffic", "vllm", "transformers",
+           "torch", "triton", "max_model_len", NO_KERNEL_FORMAT}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import re
 from typing import Any, Callable
 
 from quantkit.calibration.plots import SERIES, figure_series, png_base64
-from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog
+from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog, reworded
 from quantkit.common.jsonio import script_json
 from quantkit.common.markdown import md_code, md_row, md_text
 from quantkit.common.plotfonts import plot_language
@@ -98,11 +98,7 @@ _WARNINGS = (
 
 def warning_text(warning: str, w) -> str:
     """A coverage warning in the report's language (one this file does not know, as it is)."""
-    for pattern, key in _WARNINGS:
-        m = pattern.fullmatch(warning)
-        if m:
-            return w(key, **m.groupdict())
-    return warning
+    return reworded(warning, _WARNINGS, w)
 
 # count key -> its label's message id, in the report's order
 _COUNT_LABELS = (
@@ -225,7 +221,9 @@ def _figures_html(manifest: dict[str, Any], lang: str) -> list[str]:
 
 _STYLE = ("body{font-family:sans-serif;max-width:70em;margin:auto;padding:0 1em;overflow-wrap:anywhere}"
           "table{border-collapse:collapse;margin:0.5em 0}td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}"
-          ".wide{max-width:100%;overflow-x:auto}img{max-width:100%;height:auto}.warn{color:#a40}")
+          ".wide{max-width:100%;overflow-x:auto}img{max-width:100%;height:auto}.warn{color:#a40}"
+          # a header breaks between words only, a Chinese one kept whole (body's overflow-wrap breaks anywhere)
+          "th{word-break:keep-all;overflow-wrap:normal;hyphens:none}")
 
 
 def report_html(manifest: dict[str, Any], lang: str = DEFAULT_LANG) -> str:

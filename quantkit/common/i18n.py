@@ -14,6 +14,7 @@ quantkit.errors.QuantkitError: --lang: expected one of en, zh, got 'fr'
 """
 from __future__ import annotations
 
+import re
 from typing import Callable, Iterator, Mapping, Sequence
 
 from quantkit.errors import QuantkitError
@@ -56,3 +57,24 @@ class Catalog:
         """``words(key, **fields)`` in ``lang``."""
         check_lang(lang, "lang")
         return lambda key, **fields: self.text(lang, key, **fields)
+
+
+Patterns = Sequence[tuple["re.Pattern[str]", str]]
+
+
+def reworded(text: str, patterns: Patterns, words: Words, fields: Callable[[dict], dict] | None = None) -> str:
+    """A sentence the code writes in English (and report.json keeps so) in ``words``'s language:
+    the message of the first of ``patterns`` (a compiled pattern, its message id) that matches it
+    whole, its named groups as the message's fields (``fields`` may reword them in turn); a
+    sentence no pattern knows, as it is.
+
+    >>> said = Catalog({"thin": ("only {n} rows", "只有 {n} 行")})
+    >>> reworded("only 3 rows", [(re.compile(r"only (?P<n>\\d+) rows"), "thin")], said.bind("zh"))
+    '只有 3 行'
+    """
+    for pattern, key in patterns:
+        m = pattern.fullmatch(text)
+        if m:
+            found = {k: v or "" for k, v in m.groupdict().items()}
+            return words(key, **(fields(found) if fields else found))
+    return text

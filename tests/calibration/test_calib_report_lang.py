@@ -76,3 +76,8 @@ def test_length_buckets_read_in_numeric_order(reports):
     cells = md.split("## 单元", 1)[1].split("\n## ", 1)[0]
     shown = [line.split(" | ")[1] for line in cells.splitlines() if line.startswith("| ") and " | " in line][1:]
     assert shown == [c["bucket"] for c in m["cells"]]
+
+
+def test_no_header_breaks_inside_a_word_at_1280(reports):
+    for r in reports.values():
+        assert open_page(r.out / "report.html", width=1280).broken_headers == []

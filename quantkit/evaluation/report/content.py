@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
 from quantkit.evaluation.verdict import EVIDENCE, judged_level, passing_end
-from quantkit.evaluation.report.words import MEANING_ZH, gating_source, length_source
+from quantkit.evaluation.report.words import MEANING_ZH, gating_source, length_source, said
 
 
 def fmt(v, spec: str = ".6g") -> str:
@@ -253,8 +253,14 @@ def variants(data: dict, name: str) -> dict[str, dict]:
     return (data.get("kl_by_position_variants") or {}).get(name, {})
 
 
-def slice_notes(data: dict, name: str) -> list[str]:
-    return [n for n in data["meta"].get("long_context_notes") or [] if n.startswith(f"{name}: ")]
+def slice_notes(data: dict, name: str, words) -> list[str]:
+    """What a long slice's texts covered, in the report's language."""
+    return [said(n, words) for n in data["meta"].get("long_context_notes") or [] if n.startswith(f"{name}: ")]
+
+
+def warnings_of(data: dict, words) -> list[str]:
+    """The evaluation's warnings in the report's language."""
+    return [said(x, words) for x in data.get("warnings") or []]
 
 
 def lm_rows(data: dict):

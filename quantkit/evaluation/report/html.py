@@ -12,7 +12,8 @@ from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMN
                                                 column_groups, engine_section, fmt, footprint_note, gated_figures, gates, gating_text,
                                                 headline_figures, integrity_text, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
-                                                reason_sign, short, slice_notes, source_note, variants, worst_per_slice)
+                                                reason_sign, short, slice_notes, source_note, variants, warnings_of,
+                                                worst_per_slice)
 from quantkit.evaluation.report.words import WORDS
 
 e = html.escape
@@ -156,7 +157,7 @@ def _notices(data: dict, w, lang: str) -> list[str]:
     v, parts = data["verdict"], []
     if data.get("warnings"):
         parts.append(f"<h2>{e(w('warnings'))}</h2><ul id='warnings'>"
-                     + "".join(f"<li class='REVIEW'>{e(x)}</li>" for x in data["warnings"]) + "</ul>")
+                     + "".join(f"<li class='REVIEW'>{e(x)}</li>" for x in warnings_of(data, w)) + "</ul>")
     if v.get("within_noise"):
         parts.append(f"<h2>{e(w('within_noise'))}</h2><p>{e(w('within_noise_note'))}</p><ul id='within_noise'>"
                      + "".join(f"<li>{e(noise_line(n, w))}</li>" for n in v["within_noise"]) + "</ul>")
@@ -216,7 +217,7 @@ def _positions(data: dict, images: dict[str, str], w) -> list[str]:
     for name, rows in data["kl_by_position"].items():
         others = variants(data, name)
         parts.append(f"<details><summary>{e(_named(data, name, w))}</summary>"
-                     + "".join(f"<p>{e(n)}</p>" for n in slice_notes(data, name)))
+                     + "".join(f"<p>{e(n)}</p>" for n in slice_notes(data, name, w)))
         body = ["<tr>" + "".join(_cell(r[k], f"kl_by_position.{name}.{i}.{k}") for k in ("start", "end", "tokens",
                                                                                         "kl_mean"))
                 + "".join(_cell(x["buckets"][i]["kl_mean"], f"kl_by_position_variants.{name}.{vn}.buckets.{i}.kl_mean")

@@ -7,7 +7,8 @@ from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMN
                                                 columns, engine_section, fmt, footprint_note, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
-                                                reason_sign, slice_notes, source_note, variants)
+                                                reason_sign, slice_notes, source_note, variants,
+                                                warnings_of)
 from quantkit.evaluation.report.words import WORDS
 
 
@@ -45,7 +46,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
         lines += [f"## {w('reasons')}", ""] + [f"- **{r['level']}** {md_text(reason_line(r, lang))}"
                                                for r in v["reasons"]] + [""]
     if data.get("warnings"):
-        lines += [f"## {w('warnings')}", ""] + [f"- {md_text(x)}" for x in data["warnings"]] + [""]
+        lines += [f"## {w('warnings')}", ""] + [f"- {md_text(x)}" for x in warnings_of(data, w)] + [""]
     if v.get("within_noise"):
         lines += [f"## {w('within_noise')}", "", w("within_noise_note"), ""]
         lines += [f"- {md_text(noise_line(n, w, fmt))}" for n in v["within_noise"]] + [""]
@@ -117,7 +118,7 @@ def _positions_markdown(data: dict, w) -> list[str]:
     for name, rows in data["kl_by_position"].items():
         others = variants(data, name)
         lines += [f"## {w('positions_of', name=md_text(_named(data, name, w)))}", ""]
-        notes = slice_notes(data, name)
+        notes = slice_notes(data, name, w)
         lines += [md_text(n) for n in notes] + ([""] if notes else [])
         lines += [md_row([w("th_positions"), w("th_tokens"), candidate_label(data["meta"], w), *others]),
                   "|---|---|" + "---|" * (1 + len(others))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from quantkit.common.i18n import Catalog
+from quantkit.common.i18n import Catalog, reworded
 
 WORDS = Catalog({
     # headings
@@ -182,6 +182,38 @@ WORDS = Catalog({
     "mixed_measured": ("; measured mean KL over the gated slices {kl}", "；参与判定切片上实测的平均 KL 为 {kl}"),
     "mixed_units": ("{fmt} {n} units", "{fmt} {n} 个单元"),
     "no_cjk_font": ("", "未找到中文字体，图中标注为英文（scripts/setup-browser.sh 会安装 fonts-wqy-zenhei）。"),
+    # the evaluation's own sentences (warnings, long-context notes), reworded by ``said``
+    "said_untested_positions": ("{name}: its longest text holds {n} tokens: positions {first}-{last} of the deployment "
+                                "length {length} ({source}) are not measured (a KV-cache error growing with position "
+                                "would not show there); add longer texts",
+                                "{name}：最长的文本只有 {n} 个 token，部署长度 {length}（{source}）中第 {first}-{last} 个位置"
+                                "未被测量（随位置增长的 KV cache 误差在那里看不到）；请加入更长的文本"),
+    "said_short_windows": ("Long slices ran windows of {window} tokens, not the deployment length {length}: one window "
+                           "of {length} needs about {need} GiB, {free} GiB free.",
+                           "长切片的窗口为 {window} 个 token，而非部署长度 {length}：一个 {length} 的窗口约需 {need} GiB，"
+                           "可用 {free} GiB。"),
+    "said_engine_windows": ("Windows held {window} tokens, not the deployment length {length}: the engine takes a prompt "
+                            "only when it and one output token fit its max_model_len.",
+                            "窗口为 {window} 个 token，而非部署长度 {length}：提示连同一个输出 token 都放得进引擎的 "
+                            "max_model_len 时，引擎才接受它。"),
+    "said_measured_to": ("{name}: {texts} text(s) of {lengths} tokens, measured to a context of {deepest} tokens "
+                         "(deployment length {length}, {source}){cut}.",
+                         "{name}：{texts} 段文本，分别有 {lengths} 个 token，测量到 {deepest} 个 token 的上下文"
+                         "（部署长度 {length}，{source}）{cut}。"),
+    "said_cut": ("; {cut} text(s) longer than the window were cut at {window} tokens ({left} tokens left out)",
+                 "；{cut} 段长于窗口的文本在第 {window} 个 token 处截断（{left} 个 token 未计入）"),
+    "said_fallback": ("kernel backend: {name} has no kernel for {fmt}; the slower torch reference runs it",
+                      "内核后端：{name} 没有 {fmt} 格式的内核，改由较慢的 torch 参考实现运行"),
+    "said_unchecked_business": ("business slices not checked against the calibration sample (--calib-sample): rows "
+                                "the candidate was calibrated on may be among them",
+                                "业务切片未与校准样本核对（--calib-sample）：其中可能有候选校准时用过的行"),
+    "said_nothing_measured": ("nothing was measured on a slice that gates the verdict: REVIEW, not GO",
+                              "参与判定的切片上没有测到任何指标：结论为 REVIEW，而非 GO"),
+    "said_code_skipped": ("code items skipped, not measured: {which}: no sandbox for generated code ({why}); "
+                          "--unsafe-code-exec runs them without one",
+                          "代码题已跳过、未测量：{which}：没有运行生成代码的沙箱（{why}）；--unsafe-code-exec 可在没有沙箱的"
+                          "情况下运行它们"),
+    "said_no_plan": ("mixed-precision plan not shown: {why}", "未显示混合精度方案：{why}"),
     # plot labels
     "plot_kl": ("mean KL(baseline || candidate) per token, nats", "每 token 平均 KL(基线 || 候选)，nats"),
     "plot_top1": ("top-1 agreement", "top-1 与基线的一致率"),
@@ -228,3 +260,45 @@ def length_source(source: str, words) -> str:
         return words(LENGTH_SOURCES[source])
     default = re.match(r"default \((\d+):", source)
     return words("len_default", n=default.group(1)) if default else source
+
+
+_NUMBER = r"\d[\d.]*"
+#: the sentences the evaluation writes (context.py's long-context notes, kernels/' fallbacks, api.py's
+#: warnings), as report.json keeps them in English -> their message id; one not here is shown as it is
+SENTENCES = tuple((re.compile(pattern), key) for pattern, key in (
+    (r"(?P<name>\S+): its longest text holds (?P<n>\d+) tokens: positions (?P<first>\d+)-(?P<last>\d+) of the "
+     r"deployment length (?P<length>\d+) \((?P<source>.+)\) are not measured \(a KV-cache error growing with "
+     r"position would not show there\); add longer texts", "said_untested_positions"),
+    (rf"Long slices ran windows of (?P<window>\d+) tokens, not the deployment length (?P<length>\d+): one window of "
+     rf"\d+ needs about (?P<need>{_NUMBER}) GiB, (?P<free>{_NUMBER}) GiB free\.", "said_short_windows"),
+    (r"Windows held (?P<window>\d+) tokens, not the deployment length (?P<length>\d+): the engine takes a prompt only "
+     r"when it and one output token fit its max_model_len\.", "said_engine_windows"),
+    (r"(?P<name>\S+): (?P<texts>\d+) text\(s\) of (?P<lengths>[\d, ]+) tokens, measured to a context of "
+     r"(?P<deepest>\d+) tokens \(deployment length (?P<length>\d+), (?P<source>.+?)\)(?P<cut>; .+)?\.",
+     "said_measured_to"),
+    (r"; (?P<cut>\d+) text\(s\) longer than the window were cut at (?P<window>\d+) tokens \((?P<left>\d+) tokens "
+     r"left out\)", "said_cut"),
+    (r"kernel backend: (?P<name>\S+) has no kernel for (?P<fmt>\S+); the slower torch reference runs it",
+     "said_fallback"),
+    (r"business slices not checked against the calibration sample \(--calib-sample\): rows the candidate was "
+     r"calibrated on may be among them", "said_unchecked_business"),
+    (r"nothing was measured on a slice that gates the verdict: REVIEW, not GO", "said_nothing_measured"),
+    (r"code items skipped, not measured: (?P<which>.+): no sandbox for generated code \((?P<why>.*)\); "
+     r"--unsafe-code-exec runs them without one", "said_code_skipped"),
+    (r"mixed-precision plan not shown: (?P<why>.+)", "said_no_plan"),
+))
+
+
+def said(sentence: str, words) -> str:
+    """One of the evaluation's own sentences in the report's language (``SENTENCES``); in English,
+    the sentence as written."""
+    if words("yes") == "yes":
+        return sentence
+
+    def fields(found: dict) -> dict:
+        if found.get("source"):
+            found["source"] = length_source(found["source"], words)
+        if found.get("cut"):
+            found["cut"] = said(found["cut"], words)
+        return found
+    return reworded(sentence, SENTENCES, words, fields)
