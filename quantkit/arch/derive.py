@@ -116,10 +116,10 @@ def experts_spec(layer: nn.Module, described: MoESpec | None = None) -> MoESpec 
         block, _, leaf = name.rpartition(".")
         moe = described or MoESpec(block=block, checkpoint_block=block, experts=leaf, router=_router(layer, block, gate_up))
         if not (f"{moe.block}.{moe.experts}" == name and _fits(m, moe) and "." not in block):
-            held = "its family file describes" if described else "transformers' convention has"
-            raise QuantkitError(f"{type(layer).__name__}: its experts '{name}' are not held as {held} "
-                                f"them (gate_up_proj {tuple(gate_up.shape)} as [experts, 2 x inter, hidden], no "
-                                "biases); describe the family in quantkit/arch/")
+            held = (f"its family file describes them ({described.layout})" if described else
+                    "transformers' convention has them ([experts, 2 x inter, hidden], no biases)")
+            raise QuantkitError(f"{type(layer).__name__}: its experts '{name}' (gate_up_proj {tuple(gate_up.shape)}) "
+                                f"are not held as {held}; describe the family in quantkit/arch/")
         return moe
     return None
 

@@ -95,6 +95,23 @@ def test_the_family_file_describes_the_experts_and_keeps_the_router():
     assert spec.attention == "self_attn"           # sinks are a parameter of it, written as read
 
 
+def test_a_described_layout_the_module_does_not_have_is_refused_in_one_line():
+    """The family file's description is checked against the module, not trusted."""
+    from dataclasses import replace
+
+    from quantkit.arch.derive import experts_spec
+    from quantkit.arch.meta import traceable_model
+    from quantkit.errors import QuantkitError
+
+    layer = traceable_model(_config()).model.layers[0]
+    moe = arch_for(_config())[1].moe
+    assert experts_spec(layer, moe) == moe
+    with pytest.raises(QuantkitError) as e:
+        experts_spec(layer, replace(moe, layout=replace(moe.layout, transposed=False)))
+    assert "not held as its family file describes them (ExpertLayout(transposed=False" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
 def _rtn_int8_fused_reference(folder: Path):
     """The float model with every decoder linear and every expert rounded per output channel to
     int8 (absmax / 127.5) by a plain reference on transformers' own modules: each expert's
