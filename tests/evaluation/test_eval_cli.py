@@ -117,6 +117,24 @@ def test_the_footprint_uses_the_checkpoints_kv_cache(folders, tok):
     assert fp["concurrency"] >= 2 * plain["concurrency"] - 1
 
 
+def test_the_footprint_is_priced_for_the_gpu_named_else_marked_as_an_assumption(folders):
+    """An evaluation on the CPU says nothing of the GPU the model is served on: without --gpu-mem the
+    footprint is priced for an assumed 80 GiB one and the report says so; with it, for that one."""
+    assumed = json.loads((folders / "report" / "report.json").read_text())["footprint"]
+    assert assumed["gpu_mem_assumed"] is True and assumed["gpu_mem_bytes"] == 80 * 2**30
+    assert "An assumption: priced for a GPU of 80 GiB" in (folders / "report" / "report.md").read_text()
+    out = folders / "report-24g"
+    section = folders / "recipe-24g.yaml"
+    section.write_text(yaml.safe_dump({"version": 1, "scheme": "W8A16", "eval": {**EVAL, "suite": "numbers-en"}}))
+    r = CliRunner().invoke(app(), ["--baseline", str(folders / "base"), "--candidate", str(folders / "w8a16"),
+                                   "--recipe", str(section), "--out", str(out), "--gpu-mem", "24GiB", "--lang", "zh"])
+    assert r.exit_code == 0, r.output
+    named = json.loads((out / "report.json").read_text())["footprint"]
+    assert named["gpu_mem_assumed"] is False and named["gpu_mem_bytes"] == 24 * 2**30
+    md = (out / "report.md").read_text(encoding="utf-8")
+    assert "按 24 GiB 显存的 GPU 估算（--gpu-mem）" in md and "假设" not in md
+
+
 def test_convert_with_a_log_evaluates_its_tasks_without_the_drawn_rows(base, tmp_path, capsys):
     # `quantkit convert --calib LOG` evaluates the user's tasks: the drawn rows' hashes travel in
     # quantization_log.json and the business slices leave them out

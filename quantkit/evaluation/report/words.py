@@ -24,8 +24,8 @@ WORDS = Catalog({
     "gating": ("Gating figures: value, limit, margin", "判定指标：数值、限值与余量"),
     "gating_note": ("Each gated slice's tightest figure: the one closest to its limit, or furthest past it, "
                     "relative to the limit. Margin: how far the figure is inside its limit (negative: past it).",
-                    "每个参与判定的切片列出最紧的一项：相对限值而言离限值最近、或超出最多的指标。"
-                    "余量：指标距离限值还有多远（负数表示已超出）。"),
+                    "每个参与判定的切片列出最紧的一项：相对限值而言离限值最近、或越过限值最多的指标。"
+                    "余量：指标距离限值还有多远（负数表示已越过限值）。"),
     "gating_all": ("All {n} gating figures", "全部 {n} 项判定指标"),
     "warnings": ("Warnings", "警告"),
     "within_noise": ("Within noise of a limit (information only)", "处于限值的噪声范围内（仅供参考）"),
