@@ -201,3 +201,16 @@ def test_chinese_figures_are_rounded_as_the_english_ones(chinese):
     low = next(r for r in data["verdict"]["reasons"] if r["value"] < r["limit"])
     line = next(x for x in chinese["report.md"].splitlines() if f"{low['measure']} " in x and low["slice"] in x)
     assert "越过限值" in line and "超出" not in line
+
+
+def test_no_space_is_left_between_chinese_words():
+    """Joined strings leave no space between Chinese words ("（来自 基线的模型卡"): a space stands only
+    between Chinese and a Latin word, number or code."""
+    data = main_job_data("zh")
+    texts = {"report.md": markdown(data, "zh"), "card": main_job_card(data, "zh").split("\n---\n", 1)[1],
+             "calibration report.md": report_markdown(_manifest(), "zh")}
+    between = re.compile(r"[\u4e00-\u9fff（），。：；、] +[\u4e00-\u9fff（），。：；、]")
+    found = [f"{where}: {line}" for where, text in texts.items() for line in CODE.sub("code", text).splitlines()
+             if between.search(line)]
+    assert found == []
+    assert between.search("参与判定的语言：en（来自 基线的模型卡 README.md）")   # the check sees one
