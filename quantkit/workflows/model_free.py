@@ -111,13 +111,15 @@ def model_path_refusal(folder: Path, trust_remote_code: bool = False) -> str | N
     """Why transformers cannot build the folder's model (so the model path cannot convert it), or
     None when it can: its config unreadable, or no causal-LM class for its ``model_type``."""
     from transformers import AutoConfig
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+    read_config_json(folder)   # an empty or broken config.json is the user's to fix: one line, no fallback
     try:
         config = AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code)
     except (ValueError, OSError, KeyError) as e:
         return f"{folder / 'config.json'}: transformers cannot read it ({str(e).splitlines()[0]})"
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING and not getattr(config, "auto_map", None):
+    known = type(config) in MODEL_FOR_CAUSAL_LM_MAPPING or type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
+    if not known and not getattr(config, "auto_map", None):
         return f"{folder / 'config.json'}: transformers has no causal-LM class for model_type '{config.model_type}'"
     return None
 
