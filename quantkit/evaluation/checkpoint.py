@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from quantkit.arch.meta import auto_class
 from quantkit.errors import QuantkitError
 from quantkit.inputs.model_folder import check_links
 from quantkit.inputs.models import default_model_dir
@@ -39,16 +40,18 @@ def is_quantized(path: Path) -> bool:
 
 
 def load_model(path: Path, device: str = "cpu", backend: str | None = None):
-    """A transformers causal LM: QuantLinear modules for a quantized checkpoint, else fp32."""
+    """A transformers model (a causal LM, or a vision-language model's own class): QuantLinear
+    modules for a quantized checkpoint, else fp32."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if is_quantized(path) and is_quantized_source(path):   # FP8 blocks, MXFP4: the float model they stand for
         return load_dequantized(path, torch.float32).to(device)
     if is_quantized(path):
         return load(path, backend=backend, device=device).eval()
     # use_safetensors: never fall back to a pickle, even beside safetensors files
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True).to(device).eval()
+    cls = auto_class(AutoConfig.from_pretrained(path))   # a vision-language model's own class
+    return cls.from_pretrained(path, dtype=torch.float32, use_safetensors=True).to(device).eval()
 
 
 def load_tokenizer(*paths: Path):

@@ -63,9 +63,26 @@ class _GivenStates(nn.Module):
         self.states = states
 
     def forward(self, *args, **kwargs):
-        # the MoE output type: a superset whose router_logits (None) some MoE heads read unconditionally
-        from transformers.modeling_outputs import MoeModelOutputWithPast
-        return MoeModelOutputWithPast(last_hidden_state=self.states)
+        return _BodyOutput(self.states)
+
+
+class _BodyOutput:
+    """A body's output holding only the hidden states: every other field a head may read (an MoE's
+    ``router_logits``, a vision-language model's ``image_outputs`` or ``rope_deltas``) is None,
+    as when the body was not asked for it; ``[0]`` is the hidden states, as in transformers'."""
+
+    def __init__(self, states: torch.Tensor) -> None:
+        self.last_hidden_state = states
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i != 0:
+            raise IndexError(i)
+        return self.last_hidden_state
 
 
 @torch.inference_mode()

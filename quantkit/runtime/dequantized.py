@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from quantkit.arch.experts import unfuse_model
+from quantkit.arch.meta import auto_class
 from quantkit.errors import QuantkitError
 from quantkit.inputs.source import SafetensorsSource
 
@@ -31,7 +32,7 @@ def load_dequantized(path: str | Path, dtype: torch.dtype = torch.float32, trust
         >>> model = load_dequantized("deepseek-fp8-folder")          # doctest: +SKIP
     """
     from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     path = Path(path)
     source = SafetensorsSource(path)
@@ -39,7 +40,7 @@ def load_dequantized(path: str | Path, dtype: torch.dtype = torch.float32, trust
     cfg.pop("quantization_config", None)
     config = AutoConfig.for_model(**cfg)
     with init_empty_weights(include_buffers=False):   # the weights come from the source, once
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
+        model = auto_class(config).from_config(config, dtype=dtype, trust_remote_code=trust_remote_code)
     if not all(k in source for k in model.state_dict()):
         unfuse_model(model, config)   # fused experts in memory, per-expert names in the checkpoint
     state, missing = {}, []

@@ -53,6 +53,7 @@ import sys
 from quantkit.pipeline.onload import build_skeleton, config_dtype
 from quantkit.pipeline.rotated_source import check_rotation
 from quantkit.arch.lookup import arch_for
+from quantkit.arch.meta import auto_class
 from quantkit.workflows.data_parallel import check_data_parallel
 from quantkit.pipeline.fold_coverage import check_fold_coverage
 
@@ -529,11 +530,12 @@ def _float_model_of(model, folder: Path | None, trust_remote_code: bool) -> nn.M
 
 
 def _float_model(folder: Path, trust_remote_code: bool) -> nn.Module:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if SafetensorsSource(folder).quantized is not None:   # FP8 blocks, MXFP4: read dequantized
         return load_dequantized(folder, torch.float32, trust_remote_code)
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code).eval()
+    cls = auto_class(AutoConfig.from_pretrained(folder, trust_remote_code=trust_remote_code))
+    return cls.from_pretrained(folder, dtype=torch.float32, trust_remote_code=trust_remote_code).eval()
 
 
 def _stderr(line: str) -> None:

@@ -1,6 +1,7 @@
 """``quantkit eval`` on families quantkit derives: an MoE whose head reads ``router_logits`` from
-the body's output unconditionally (GLM-4.5) and multi-head latent attention under a padding
-mask (DeepSeek-V3). Tiny random models with the embedded SmolLM2's tokenizer."""
+the body's output unconditionally (GLM-4.5), multi-head latent attention under a padding mask
+(DeepSeek-V3), and a vision-language model built by its own class whose head reads the body's
+image outputs (Qwen3-VL). Tiny random models with the embedded SmolLM2's tokenizer."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def _with_tokenizer(family: str, folder: Path, tokenizer_dir: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("family", ["GLM-4.5", "DeepSeek-V3"])
+@pytest.mark.parametrize("family", ["GLM-4.5", "DeepSeek-V3", "Qwen3-VL"])
 def test_eval_runs_on_a_derived_moe_family(family, smollm2_dir, tmp_path):
     model = _with_tokenizer(family, tmp_path / "model", smollm2_dir)
     out = quantkit.quantize(str(model), "w8a16").save(tmp_path / "out")
