@@ -45,7 +45,13 @@ def _examples() -> dict:
     return {"numbers-en": [{"id": "numbers-en-7", "kl_mean": 0.912, "worst_token_kl": 6.25, "position": 88,
                             "context": "The company reported revenue of 4,250 million", "token": " yuan"}],
             "numbers-zh": [{"id": "numbers-zh-3", "kl_mean": 0.734, "worst_token_kl": 5.5, "position": 57,
-                            "context": "四年多来，他", "token": "说"}]}
+                            "context": "四年多来，他", "token": "说"},
+                           {"id": "pd-extract-10", "f1_base": 1.0, "f1_cand": 0.0,
+                            "prompt": "请列出下面句子中的所有数字，用逗号分隔。\n\n陈峰玖今年５６岁，１９６８年他为救人被火车轧断了双腿。",
+                            "baseline": "陈峰玖今年５６岁，１９６８年他为救人被", "candidate": "陈峰玖今年１６８年他为救人被火车"}],
+            "code-en": [{"id": "generation", "agreement": 0.0,
+                         "prompt": "```python\ndef _siftdown(heap, startpos, pos):\n    newitem = heap[pos]",
+                         "baseline": " right\n    newitem = heap[pos - 1]", "candidate": " end of the list"}]}
 
 
 def _reach() -> tuple[list[str], list[str]]:

@@ -35,8 +35,9 @@ def test_the_main_jobs_card_shows_the_verdict_table(main_job):
     verdict = json.loads((main_job / "eval" / "report.json").read_text())["verdict"]
     card = (main_job / "README.md").read_text(encoding="utf-8")
     assert f"**{verdict['decision']}**" in card and "| slice | level | first reason |" in card
-    for name, level in verdict["slices"].items():
-        assert re.search(rf"^\| {re.escape(name)} \| {level} \|", card, re.M), name
+    for name, level in verdict["slices"].items():   # a slice that does not gate says so beside its level
+        mark = ", not gated" if name in verdict["not_gated"] else ""
+        assert re.search(rf"^\| {re.escape(name)} \| {level}{mark} \|", card, re.M), name
 
 
 def test_the_main_jobs_report_fits_1280_px_with_each_gating_figure_beside_its_limit(main_job):

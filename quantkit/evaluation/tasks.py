@@ -13,6 +13,7 @@ import torch
 from quantkit.evaluation.code_exec import humaneval_program, run_program, stops_body, truncate_completion
 from quantkit.evaluation.models import forward_logits, greedy
 from quantkit.evaluation.sandbox import Runner
+from quantkit.evaluation.text_window import context
 
 LETTERS = "ABCD"
 
@@ -108,8 +109,9 @@ def extraction(model, tokenizer, items: list[dict], n_tokens: int, pad: int, eos
 
 
 def extraction_result(tokenizer, item: dict, reply: list[int]) -> dict:
-    """A reply's text and its F1 against the item's reference numbers."""
-    text = tokenizer.decode(reply, skip_special_tokens=True)
+    """A reply's text and its F1 against the item's reference numbers. The reply is cut after N
+    tokens, maybe inside a character: its text holds whole characters only (text_window.py)."""
+    text = context(lambda ids: tokenizer.decode(ids, skip_special_tokens=True), reply, 0, len(reply))
     ref = [n for r in item["reference"] for n in normalise_numbers(str(r))]
     return {"id": item["id"], "output": text, "f1": f1(normalise_numbers(text), ref)}
 

@@ -3,6 +3,7 @@ character over tokens, and a window decoded from inside one used to end in U+FFF
 from tiny import FAST, TINY_THRESHOLDS, _take, fake_quant_linears, tiny_tokenizer
 
 from quantkit.evaluation import evaluate, load_suite
+from quantkit.evaluation.tasks import extraction_result
 from quantkit.evaluation.text_window import REPLACEMENT, context, token_text
 
 TEXT = "四年多来，他一直在这家工厂工作，月薪 4,250 元。"
@@ -29,3 +30,11 @@ def test_the_worst_examples_of_a_chinese_slice_end_on_a_character(base, tok):
     texts = [ex[k] for ex in examples for k in ("context", "token", "prompt", "baseline", "candidate") if k in ex]
     assert len(texts) >= 2 and any(any("\u4e00" <= c <= "\u9fff" for c in t) for t in texts)
     assert [t for t in texts if t.startswith(REPLACEMENT) or t.endswith(REPLACEMENT)] == []
+
+
+def test_an_extraction_reply_cut_after_n_tokens_is_whole_characters():
+    tok = tiny_tokenizer()
+    ids = tok(TEXT)["input_ids"]
+    for n in range(1, len(ids)):
+        out = extraction_result(tok, {"id": "x", "reference": ["4250"]}, ids[:n])["output"]
+        assert REPLACEMENT not in out and TEXT.startswith(out), (n, out)

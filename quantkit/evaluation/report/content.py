@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from quantkit.evaluation.integrity.reference import unit_of
 from quantkit.evaluation.measures import MEASURES, NOGO, Limit, table_columns
 from quantkit.evaluation.verdict import EVIDENCE, judged_level, passing_end
-from quantkit.evaluation.report.words import MEANING_ZH, gating_source, length_source, said
+from quantkit.evaluation.report.words import MEANING_ZH, WORDS, gating_source, length_source, said
 
 
 def fmt(v, spec: str = ".6g") -> str:
@@ -261,6 +261,11 @@ def slice_notes(data: dict, name: str, words) -> list[str]:
 def warnings_of(data: dict, words) -> list[str]:
     """The evaluation's warnings in the report's language."""
     return [said(x, words) for x in data.get("warnings") or []]
+
+
+def example_key(key: str, words) -> str:
+    """A worst example's key in the report's language (a measure's name as it is)."""
+    return words(f"ex_{key}") if f"ex_{key}" in WORDS else key
 
 
 def lm_rows(data: dict):

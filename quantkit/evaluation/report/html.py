@@ -9,7 +9,7 @@ import html
 
 from quantkit.common.i18n import HTML_LANG
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                column_groups, engine_section, fmt, footprint_note, gated_figures, gates, gating_text,
+                                                column_groups, engine_section, example_key, fmt, footprint_note, gated_figures, gates, gating_text,
                                                 headline_figures, integrity_text, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
                                                 reason_sign, short, slice_notes, source_note, variants, warnings_of,
@@ -263,7 +263,8 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
         parts.append(f"<h2>{e(w('worst'))}</h2>")
         for name, exs in data["worst_examples"].items():
             parts.append(f"<details><summary>{e(_named(data, name, w))}</summary>"
-                         + "".join("<pre>" + e("\n".join(f"{k}: {short(val)}" for k, val in ex.items())) + "</pre>"
+                         + "".join("<pre>" + e("\n".join(f"{example_key(k, w)}{w('colon')}{short(val)}" for k, val in ex.items()))
+                                   + "</pre>"
                                    for ex in exs) + "</details>")
     rows = [f"<tr><td>{e(k)}</td>{_cell(t['review'], f'thresholds.{k}.review')}{_cell(t['nogo'], f'thresholds.{k}.nogo')}"
             f"<td>{e(w('higher') if t['higher_is_better'] else w('lower'))}</td></tr>"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from quantkit.common.markdown import md_cell_code, md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                columns, engine_section, fmt, footprint_note, gates, gating_text, integrity_grid,
+                                                columns, engine_section, example_key, fmt, footprint_note, gates, gating_text, integrity_grid,
                                                 integrity_text, layer_label, lm_rows, margin_text, meaning,
                                                 mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
                                                 reason_sign, slice_notes, source_note, variants,
@@ -66,7 +66,7 @@ def markdown(data: dict, lang: str | None = None) -> str:
         for name, exs in data["worst_examples"].items():
             lines += [f"### {md_text(_named(data, name, w))}", ""]
             for ex in exs:   # the text as a code span: shown verbatim, its spaces kept
-                lines.append("- " + "; ".join(f"{k}: {md_code(val)}" if isinstance(val, str) else f"{k}: {fmt(val)}"
+                lines.append("- " + w("list_sep").join(f"{example_key(k, w)}{w('colon')}{md_code(val) if isinstance(val, str) else fmt(val)}"
                                               for k, val in ex.items()))
             lines.append("")
     if data.get("integrity"):

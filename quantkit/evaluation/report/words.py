@@ -15,6 +15,7 @@ WORDS = Catalog({
     # headings
     "title": ("quantkit evaluation", "quantkit 评估结论"),
     "colon": (": ", "："),
+    "list_sep": ("; ", "；"),
     "aside": (" ({x})", "（{x}）"),
     "reasons": ("Reasons", "原因"),
     "no_reasons": ("Every gated figure is within its limit.", "所有参与判定的指标都在限值之内。"),
@@ -96,6 +97,9 @@ WORDS = Catalog({
     "stop": ("stop", "停止条件"),
     "evidence": ("evidence", "证据"),
     "scored_tokens": ("scored_tokens", "计分 token"),
+    # a worst example's keys (the others are measure names: kl_mean, f1_base)
+    "ex_prompt": ("prompt", "提示"), "ex_baseline": ("baseline", "基线"), "ex_candidate": ("candidate", "候选"),
+    "ex_context": ("context", "上下文"), "ex_position": ("position", "位置"), "ex_agreement": ("agreement", "一致率"),
     "yes": ("yes", "是"),
     "no": ("no", "否"),
     "not_gated": ("not gated", "不参与判定"),
