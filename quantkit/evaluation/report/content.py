@@ -314,7 +314,7 @@ def mixed_text(mixed: dict, words) -> str:
 def integrity_text(integrity: dict, words) -> str:
     """One sentence: what the integrity pass compared, in how long, and how much it flagged."""
     how = words("integrity_how", k=len(integrity["transformed"])) if integrity["transformed"] else ""
-    return words("integrity_text", n=len(integrity["modules"]), how=how, s=fmt(integrity["seconds"]),
+    return words("integrity_text", n=len(integrity["modules"]), how=how, s=f"{integrity['seconds']:.1f}",
                  flagged=len(integrity["flagged"]))
 
 

@@ -168,7 +168,8 @@ def _excess_markdown(integrity: dict, w) -> list[str]:
     worst, unit, kind = max(cells, key=lambda c: c[0])
     where = {"layer": layer_label(unit), "kind": kind, "db": f"{worst:.1f}"}
     if worst <= 0:
-        return [w("excess_clean", **where), ""]
+        same = all(v == worst for v, _, _ in cells)   # every part gives back what was recorded
+        return [w("excess_same" if same else "excess_clean", **where), ""]
     bad = [(u, row) for u, row in zip(layers, excess) if any(v is not None and v > 0 for v in row)]
     lines = [w("excess_found", n=len(bad), **where), "",
              f"| {w('th_layer')} | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]

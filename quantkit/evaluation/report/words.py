@@ -147,6 +147,9 @@ WORDS = Catalog({
                      "layer {layer}, {kind}, at {db} dB (a part past 0 dB is flagged).",
                      "没有任何部分的误差超出其量化方案与量化器记录所允许的范围：最接近的是第 {layer} 层的 {kind}，{db} dB"
                      "（超过 0 dB 即标记）。"),
+    "excess_same": ("No part's error exceeds what its scheme and the quantizer's record allow: every part is at "
+                    "{db} dB (a part past 0 dB is flagged).",
+                    "没有任何部分的误差超出其量化方案与量化器记录所允许的范围：每个部分都在 {db} dB（超过 0 dB 即标记）。"),
     "excess_found": ("Excess over expected error, dB, in the {n} layers where a part is past it (> 0 is flagged; "
                      "worst: layer {layer}, {kind}, {db} dB):",
                      "误差超出预期的幅度（dB），仅列出有部分超出的 {n} 层（超过 0 即标记；最差：第 {layer} 层的 {kind}，{db} dB）："),
