@@ -1,5 +1,6 @@
-"""report.html: the page read at a glance. The decision and its reasons first, each gated figure
-beside its limit and its margin; numbers at three significant digits (``short``), each number
+"""report.html: the page read at a glance. The decision first, then one line per slice, its worst
+reason (the others folded below), each gated figure beside its limit and its margin, in the slice
+table too; numbers at three significant digits (``short``), each number
 cell carrying the JSON's exact value in ``data-value`` and its JSON path in ``data-path``; the
 slice table holds the gated measures, the figures they come from fold into ``<details>``; every
 table and image fits a 1280 px window."""
@@ -9,11 +10,11 @@ import html
 
 from quantkit.common.i18n import HTML_LANG
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                column_groups, engine_section, example_key, fmt, footprint_note, gated_figures, gates, gating_text,
-                                                headline_figures, integrity_text, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
-                                                reason_sign, short, slice_notes, source_note, variants, warnings_of,
-                                                worst_per_slice)
+                                                column_groups, engine_section, example_key, fmt, footprint_note,
+                                                gated_figures, gates, gating_text, headline_figures, integrity_text,
+                                                lm_rows, margin_text, meaning, mixed_text, noise_line, not_gated_note,
+                                                reason_interval, reason_margin, reason_sign, short, slice_notes,
+                                                source_note, variants, warnings_of, worst_per_slice)
 from quantkit.evaluation.report.words import WORDS
 
 e = html.escape
@@ -257,7 +258,8 @@ def _appendix(data: dict, images: dict[str, str], w) -> list[str]:
         parts += [f"<h2>{e(w('footprint'))}</h2><p id='footprint_gpu'>{e(footprint_note(data['footprint'], w))}</p>",
                   _table("footprint", [w("th_quantity"), w("th_value")],
                          [f"<tr><td><code>{e(k)}</code></td>"
-                          + (f"<td>{e(w(('no', 'yes')[val]))}</td>" if isinstance(val, bool) else _cell(val, f'footprint.{k}'))
+                          + (f"<td>{e(w(('no', 'yes')[val]))}</td>" if isinstance(val, bool)
+                             else _cell(val, f'footprint.{k}'))
                           + "</tr>" for k, val in data["footprint"].items()])]
     if data["worst_examples"]:
         parts.append(f"<h2>{e(w('worst'))}</h2>")

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from quantkit.common.markdown import md_cell_code, md_code, md_row, md_text
 from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                columns, engine_section, example_key, fmt, footprint_note, gates, gating_text, integrity_grid,
-                                                integrity_text, layer_label, lm_rows, margin_text, meaning,
-                                                mixed_text, noise_line, not_gated_note, reason_interval, reason_margin,
-                                                reason_sign, slice_notes, source_note, variants,
-                                                warnings_of)
+                                                columns, engine_section, example_key, fmt, footprint_note, gates,
+                                                gating_text, integrity_grid, integrity_text, layer_label, lm_rows,
+                                                margin_text, meaning, mixed_text, noise_line, not_gated_note,
+                                                reason_interval, reason_margin, reason_sign, slice_notes, source_note,
+                                                variants, warnings_of)
 from quantkit.evaluation.report.words import WORDS
 
 
@@ -59,15 +59,16 @@ def markdown(data: dict, lang: str | None = None) -> str:
     if data.get("footprint"):
         lines += [f"## {w('footprint')}", "", md_text(footprint_note(data["footprint"], w)), "",
                   f"| {w('th_quantity')} | {w('th_value')} |", "|---|---|"]
-        lines += [f"| {md_cell_code(k)} | {md_text(w(('no', 'yes')[val]) if isinstance(val, bool) else fmt(val))} |"
-                  for k, val in data["footprint"].items()] + [""]
+        lines += [f"| {md_cell_code(k)} | {md_text(w(('no', 'yes')[v]) if isinstance(v, bool) else fmt(v))} |"
+                  for k, v in data["footprint"].items()] + [""]
     if data["worst_examples"]:
         lines += [f"## {w('worst')}", ""]
         for name, exs in data["worst_examples"].items():
             lines += [f"### {md_text(_named(data, name, w))}", ""]
             for ex in exs:   # the text as a code span: shown verbatim, its spaces kept
-                lines.append("- " + w("list_sep").join(f"{example_key(k, w)}{w('colon')}{md_code(val) if isinstance(val, str) else fmt(val)}"
-                                              for k, val in ex.items()))
+                said = (f"{example_key(k, w)}{w('colon')}{md_code(v) if isinstance(v, str) else fmt(v)}"
+                        for k, v in ex.items())
+                lines.append("- " + w("list_sep").join(said))
             lines.append("")
     if data.get("integrity"):
         lines += _integrity_markdown(data["integrity"], w)
