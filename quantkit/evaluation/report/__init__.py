@@ -1,7 +1,8 @@
 """The report: JSON (the numbers), Markdown (markdown.py) and a self-contained HTML page with
 plots as base64 PNG (html.py, plots.py), in English or Chinese (words.py). Markdown and HTML
 render from the JSON dict itself, whose values are rounded to 6 significant digits: Markdown
-prints them whole, the HTML page at three significant digits with the whole value in each
+prints them whole (a reason's figures as the verdict's own text does, at four, in both languages),
+the HTML page at three significant digits with the whole value in each
 cell's ``data-value``, so every number shown reads back as the JSON's value. report.json is the
 same in every language but for ``meta.lang``.
 """
