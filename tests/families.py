@@ -18,7 +18,8 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "DeepSeek-V3": ("DeepseekV3Config", dict(_MOE, n_routed_experts=4, first_k_dense_replace=1, kv_lora_rank=64,
                                              q_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
                                              v_head_dim=64, n_group=1, topk_group=1, head_dim=32,
-                                             num_key_value_heads=4)),   # MLA: one latent read by every head
+                                             num_key_value_heads=4,   # MLA: one latent read by every head
+                                             topk_method="noaux_tc")),   # as DeepSeek-V3's own config.json says
     "GLM-4.5": ("Glm4MoeConfig", dict(_MOE, n_routed_experts=4, first_k_dense_replace=1, n_group=1, topk_group=1,
                                       head_dim=32)),
     "Qwen3-Next": ("Qwen3NextConfig", dict(_MOE, num_experts=4, shared_expert_intermediate_size=128, head_dim=32,
@@ -52,6 +53,12 @@ VISION_FAMILIES: dict[str, tuple[str, dict, dict, dict]] = {
     "Qwen3-VL": ("Qwen3VLConfig", dict(head_dim=32, rope_scaling={"rope_type": "default", "mrope_section": [4, 6, 6],
                                                                    "mrope_interleaved": True}),
                  dict(_VISION, deepstack_visual_indexes=[0]), {}),
+    "Llama 4 (multimodal)": ("Llama4Config", dict(num_local_experts=4, num_experts_per_tok=1, intermediate_size_mlp=256,
+                                                  head_dim=32),
+                             dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                  image_size=28, patch_size=14, vision_output_dim=128, projector_input_dim=128,
+                                  projector_output_dim=128),
+                             dict(architectures=["Llama4ForConditionalGeneration"])),
     "Gemma 3 (multimodal)": ("Gemma3Config", dict(head_dim=32),
                              dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                                   image_size=28, patch_size=14), dict(mm_tokens_per_image=4)),

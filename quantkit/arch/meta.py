@@ -17,16 +17,36 @@ def config_dtype(config) -> torch.dtype:
 
 
 def auto_class(config):
-    """transformers' auto class that builds ``config``'s model: the causal-LM one, or for a
-    vision-language model that has none (Qwen2.5-VL, Qwen3-VL) the image-text-to-text one."""
+    """The class that builds ``config``'s model: the one its ``architectures`` names when
+    transformers has it (the model's own class: a vision-language checkpoint keeps its tower),
+    else transformers' causal-LM auto class, or for a vision-language model that has none
+    (Qwen2.5-VL, Qwen3-VL) the image-text-to-text one."""
+    import transformers
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
 
+    for name in getattr(config, "architectures", None) or []:
+        cls = getattr(transformers, name, None) if name.isidentifier() else None
+        if isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel):
+            return OwnClass(cls)
     if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
         return AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING
-
     return AutoModelForImageTextToText if type(config) in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING else AutoModelForCausalLM
+
+
+class OwnClass:
+    """A model class used as the auto classes are (``from_config``, ``from_pretrained``)."""
+
+    def __init__(self, cls: type) -> None:
+        self.cls = cls
+        self.__name__ = cls.__name__
+
+    def from_config(self, config, **kwargs):
+        kwargs.pop("trust_remote_code", None)   # the class is transformers' own: no remote code
+        return self.cls._from_config(config, **kwargs)
+
+    def from_pretrained(self, *args, **kwargs):
+        return self.cls.from_pretrained(*args, **kwargs)
 
 
 def meta_model(config) -> nn.Module:
