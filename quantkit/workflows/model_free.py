@@ -34,7 +34,7 @@ from quantkit.common.i18n import check_lang
 from quantkit.config.scheme import fp4_kind
 from quantkit.errors import QuantkitError
 from quantkit.formats import staging
-from quantkit.formats.compressed_tensors import compress_module, group_for, matches, quantization_config
+from quantkit.formats.compressed_tensors import checkpoint_dtype, compress_module, group_for, matches, quantization_config
 from quantkit.formats.writer import ShardWriter
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
 from quantkit.inputs.models import default_model_dir
@@ -430,6 +430,10 @@ def _write_metadata(job: _Job, writer: ShardWriter) -> None:
     recipe, plan = job.recipe, job.plan
     used = {g: recipe.groups[g] for g in dict.fromkeys(plan.groups.values())}
     config = {**job.config, "quantization_config": quantization_config(used, plan.kept, None)}
+    # as the model path writes it: bfloat16 where the format's reader yields bfloat16 weights
+    source = config.get("dtype") or config.get("torch_dtype") or "float32"
+    config["dtype"] = str(checkpoint_dtype(set(job.formats), getattr(torch, str(source)))).removeprefix("torch.")
+    config.pop("torch_dtype", None)
     write_strict(writer, "config.json", config, job.warn)
     architectures = job.config.get("architectures") or [job.config.get("model_type", "unknown")]
     log = {"quantkit_version": __version__, "recipe": recipe.to_dict(), "architecture": architectures[0],

@@ -67,6 +67,9 @@ def assert_same_checkpoint(a: Path, b: Path) -> None:
             assert torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)), k
     qa, qb = (json.loads((p / "config.json").read_text())["quantization_config"] for p in (a, b))
     assert qa == qb
+    # the dtype transformers builds the model in (dtype="auto"): bfloat16 under the FP4/MX formats
+    da, db = (json.loads((p / "config.json").read_text()).get("dtype") for p in (a, b))
+    assert da == db
 
 
 def folder_digest(folder: Path) -> dict[str, str]:
