@@ -176,3 +176,18 @@ def test_a_hostile_model_name_stays_text_in_the_card(name):
     links = [c.attrs.get("href") for t in tokens for c in (t.children or []) if c.type == "link_open"]
     assert all(str(h).startswith("https://") for h in links), links
     assert sum(t.type == "heading_open" and t.tag == "h1" for t in tokens) == 1
+
+
+def test_a_vision_language_checkpoints_snippet_loads_it_with_its_own_class(tmp_path):
+    """The causal-LM auto class does not build Qwen2.5-VL: the card names the class that does, and
+    its snippet, run as written, loads the checkpoint."""
+    from families import make_family_dir
+
+    folder = make_family_dir("Qwen2.5-VL", tmp_path / "vl")
+    out = quantkit.quantize(str(folder), "w8a16").save(tmp_path / "out")
+    card = (out / "README.md").read_text(encoding="utf-8")
+    code = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    assert "from transformers import Qwen2_5_VLForConditionalGeneration" in code
+    scope: dict = {}
+    exec(code.replace("./this-folder", str(out)), scope)   # noqa: S102 (the card's own snippet)
+    assert type(scope["model"]).__name__ == "Qwen2_5_VLForConditionalGeneration"

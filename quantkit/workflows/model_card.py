@@ -53,6 +53,8 @@ class CardFacts:
     base_body: str = ""
     verdict: dict | None = None
     lang: str = "en"                                  # the language of the card's words (TEXTS)
+    # the class the snippet loads with: the causal-LM auto class, or a vision-language model's own
+    model_class: str = "AutoModelForCausalLM"
 
 
 def split_card(text: str) -> tuple[dict, str]:
@@ -266,8 +268,8 @@ def render(f: CardFacts) -> str:
     lines = [t.title.format(base=base, recipe=md_code(f.recipe)), "", t.intro.format(base=base, command=command), ""]
     lines += _facts_table(t, f)
     lines += ["", t.use, "", "```bash", "vllm serve ./this-folder", "```", "",
-              "```python", "from transformers import AutoModelForCausalLM",
-              f'model = AutoModelForCausalLM.from_pretrained("./this-folder")  # {t.needs_ct}',
+              "```python", f"from transformers import {f.model_class}",
+              f'model = {f.model_class}.from_pretrained("./this-folder")  # {t.needs_ct}',
               "```", "", t.evaluation, ""]
     lines += _verdict_lines(t, f.verdict, f.lang) if f.verdict else [t.not_evaluated]
     if f.base_body.strip():
@@ -294,7 +296,8 @@ def card_facts(folder: Path, base_model: str | None = None, lang: str | None = N
     """The facts of the checkpoint in ``folder``; its ``README.md`` is the base model's card (just
     copied) or a card rendered before, whose base card part, ``base_model`` and language are kept
     (``lang`` None)."""
-    qc = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("quantization_config") or {}
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    qc = config.get("quantization_config") or {}
     log = json.loads((folder / "quantization_log.json").read_text(encoding="utf-8"))
     # the base card is the user's text: undecodable bytes become U+FFFD rather than failing the run
     text = (folder / CARD).read_text(encoding="utf-8", errors="replace") if (folder / CARD).is_file() else ""
@@ -311,7 +314,20 @@ def card_facts(folder: Path, base_model: str | None = None, lang: str | None = N
                      groups=list((qc.get("config_groups") or {}).values()), ignore=list(qc.get("ignore") or []),
                      kv_cache=qc.get("kv_cache_scheme"), shard_bytes=sum(p.stat().st_size for p in shards),
                      shards=len(shards), calibration=log.get("calibration") or {}, base_front=front,
-                     base_body=body, verdict=verdict, lang=check_lang(lang or earlier, "lang"))
+                     base_body=body, verdict=verdict, lang=check_lang(lang or earlier, "lang"),
+                     model_class=loading_class(config))
+
+
+def loading_class(config: dict) -> str:
+    """The transformers class a user loads the checkpoint with: ``AutoModelForCausalLM`` for a
+    causal LM, else the class its ``architectures`` names (``Qwen2_5_VLForConditionalGeneration``),
+    which the causal-LM auto class does not build."""
+    import transformers
+
+    name = next(iter(config.get("architectures") or []), "")
+    if name.endswith("ForCausalLM") or not name.isidentifier() or not hasattr(transformers, name):
+        return "AutoModelForCausalLM"
+    return name
 
 
 def write_card(folder: Path, base_model: str | None = None, lang: str | None = None) -> Path:
