@@ -559,7 +559,10 @@ def check_modules(config, recipe: Recipe, required: Sequence[str], warn: Callabl
     linears = {n: m for n, m in build_skeleton(config).named_modules() if isinstance(m, nn.Linear)}
     names = list(linears)
     quantized = 0
+    inside = arch_for(config)[1].layers + "."
     for name, m in linears.items():
+        if not name.startswith(inside):   # a vision tower's linears are written as read (in ignore)
+            continue
         group = group_for(name, "Linear", recipe.groups, list(recipe.ignore), where=recipe.origin)
         s = recipe.groups[group] if group is not None else None
         if s is not None and s.weights is not None:

@@ -286,3 +286,19 @@ def test_an_image_and_text_prompt_reads_back_as_the_reference(family_dirs, tmp_p
         text_only = got(input_ids=inputs["input_ids"]).logits
     assert (a - b).abs().max() <= 1e-4 * a.abs().max()
     assert (b - text_only).abs().max() > 0.01 * b.abs().max()
+
+
+def test_a_vision_tower_no_group_divides_does_not_block_the_language_model(tmp_path):
+    """The tower is written as read (in ``ignore``): its widths are not checked against the groups."""
+    import transformers
+
+    from families import TEXT, VISION_FAMILIES, save_random
+
+    cls, text, vision, other = VISION_FAMILIES["Qwen2.5-VL"]
+    config = getattr(transformers, cls)(text_config={**TEXT, **text},
+                                        vision_config=dict(vision, hidden_size=48, intermediate_size=96), **other)
+    folder = save_random(config, tmp_path / "vl")
+    out = quantkit.quantize(str(folder), "w4a16-g64").save(tmp_path / "out")
+    import json
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert any(n.startswith("model.visual.") for n in ignore)
