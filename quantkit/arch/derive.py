@@ -96,9 +96,13 @@ def _kept(layer: nn.Module, t: LayerTrace) -> list[str]:
     top-k) and a scalar gate (one output). Quantizing either changes which experts run, or
     scales a whole branch, for no memory worth having."""
     out = []
-    for name, tid in t.outputs.items():
+    inside_topk = {where for reads in t.readers.values() for op, where in reads if op == "topk"}
+    for name, _ in t.calls:
         m = layer.get_submodule(name)
-        if m.out_features == 1 or t.reaches(tid, {"topk"}):
+        tid = t.outputs.get(name)
+        # a router may take its own top-k (Llama 4's returns scores, not logits)
+        if name not in out and (m.out_features == 1 or name in inside_topk
+                                or (tid is not None and t.reaches(tid, {"topk"}))):
             out.append(name)
     return out
 

@@ -28,6 +28,7 @@ from torch import nn
 from quantkit.arch.experts_layout import expert_sizes, expert_tensors, fused_names
 from quantkit.arch.spec import ArchSpec, MoESpec
 from quantkit.arch.lookup import arch_for
+from quantkit.errors import QuantkitError
 
 class Routing(Protocol):
     """What the runner's calibration routing (``pipeline/coverage.py``) gives the experts: the
@@ -79,16 +80,19 @@ class UnfusedExperts(nn.ModuleList):
     in ascending order, each token's contributions added into zeros).
     """
 
-    def __init__(self, experts: list[Expert]):
+    def __init__(self, experts: list[Expert], call: str = "top_k"):
         super().__init__(experts)
+        self.call = call   # MoESpec.call: how the block calls its experts
         self.routing: Routing | None = None
         # set while a layer too big for memory runs without its experts (pipeline/expert_stream.py):
         # ``deferred(hidden, top_k_index, top_k_weights)`` records the block's inputs, and
         # the experts add nothing here; their sum is added to the layer's output afterwards
         self.deferred: Callable[..., None] | None = None
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor | None = None,
+                top_k_weights: torch.Tensor | None = None) -> torch.Tensor:
+        if self.call == "routed_copies":
+            return self._routed_copies(hidden_states)
         out = torch.zeros_like(hidden_states)
         if self.deferred is not None:
             self.deferred(hidden_states, top_k_index, top_k_weights)
@@ -110,6 +114,33 @@ class UnfusedExperts(nn.ModuleList):
                 y = expert(hidden_states[rows])
             out.index_add_(0, rows, (y * weight).to(out.dtype))
         return out
+
+
+    def _routed_copies(self, routed: torch.Tensor) -> torch.Tensor:
+        """Expert e on its copy of every token (rows ``e x T`` to ``(e + 1) x T``), already scaled by
+        the token's router score: a row no score reached is zeros, whose output is zeros (no biases),
+        so only the routed rows run. During calibration those rows are the expert's inputs (a zero
+        row would add nothing to its statistics) and padding rows are left out."""
+        if self.deferred is not None:
+            raise QuantkitError("experts called with routed copies (Llama 4) are not streamed a chunk at a time: "
+                                "raise calibration.layer_memory")
+        x = routed.view(len(self), -1, routed.shape[-1])
+        out = torch.zeros_like(x)
+        routing = self.routing
+        real = routing.real_tokens() if routing is not None else None
+        for e, expert in enumerate(self):
+            rows = (x[e] != 0).any(dim=-1)
+            if real is not None:
+                rows = rows & real.to(rows.device)
+            idx = torch.nonzero(rows).flatten()
+            if routing is None:
+                if idx.numel():
+                    out[e].index_copy_(0, idx, expert(x[e][idx]).to(out.dtype))
+                continue
+            with routing.dispatch(e, routed=int(idx.numel()), seen=int(idx.numel())):
+                y = expert(x[e][idx])
+            out[e].index_copy_(0, idx, y.to(out.dtype))
+        return out.view_as(routed)
 
 
 def calibration_rows(e: int, top_k_index: torch.Tensor, top_k_weights: torch.Tensor, real: torch.Tensor | None,
@@ -186,7 +217,7 @@ def unfuse_experts(model: nn.Module, layers_path: str, moe: MoESpec) -> int:
                 for e, expert in enumerate(experts):
                     for name, t in expert_tensors(moe, tensors, e).items():
                         expert.get_parameter(name).copy_(t)
-        setattr(block, moe.experts, UnfusedExperts(experts))
+        setattr(block, moe.experts, UnfusedExperts(experts, moe.call))
         if moe.checkpoint_block != moe.block:
             _rename_child(layer, moe.block, moe.checkpoint_block)
         count += 1

@@ -110,6 +110,11 @@ class MoESpec:
     # ``activation(fused experts module)`` -> a module combining an expert's gate and up outputs,
     # ``act(gate, up)``; None: the fused module's ``act_fn(gate) * up``
     activation: Callable[[Any], Any] | None = None
+    # how the block calls its experts: "top_k" ``(hidden, top_k_index, top_k_weights)``, the sum
+    # of each token's top-k experts weighted; "routed_copies" (Llama 4) one ``[experts x tokens,
+    # hidden]`` tensor, every token's copy for expert e already scaled by its router score (zero
+    # where not routed), each expert's outputs returned in place, which the block sums
+    call: str = "top_k"
 
     @property
     def experts_path(self) -> str:

@@ -9,6 +9,6 @@ from __future__ import annotations
 from quantkit.arch.families.registry import FAMILY_FIELDS, family_fields
 
 # the family files register themselves on import
-from quantkit.arch.families import deepseek_v3, gpt_oss  # noqa: F401,E402
+from quantkit.arch.families import deepseek_v3, gpt_oss, llama4  # noqa: F401,E402
 
 __all__ = ["FAMILY_FIELDS", "family_fields"]
