@@ -190,7 +190,7 @@ def _mse_search_reference(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor 
         cand_lo, cand_hi = lo * p, hi * p
         scale, zp = calculate_qparams(cand_lo, cand_hi, args, dtype=w.dtype)
         err = (fake_quantize(w, scale, zp, args, g_idx).float() - w32).pow_(2)
-        err = _reduce_sum(err, args, g_idx, lo.shape)
+        err = reduce_sum(err, args, g_idx, lo.shape)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_lo = torch.where(better, cand_lo, best_lo)
@@ -198,7 +198,8 @@ def _mse_search_reference(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor 
     return best_lo, best_hi
 
 
-def _reduce_sum(err: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, shape) -> torch.Tensor:
+def reduce_sum(err: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None, shape) -> torch.Tensor:
+    """Per-element ``err`` summed to the shape of its scale under ``args`` (``shape``: the groups' scale shape)."""
     if args.strategy == "tensor":
         return err.sum().reshape(1)
     if args.strategy in ("channel", "token"):
