@@ -2,6 +2,6 @@
 algorithm, registered by ``@register_algorithm`` (``quantkit.steps``); listed here so that
 importing the folder registers every one."""
 
-from quantkit.quantizers import gptq, rtn
+from quantkit.quantizers import gptq, learned_rounding, rtn
 
-__all__ = ["gptq", "rtn"]
+__all__ = ["gptq", "learned_rounding", "rtn"]

@@ -1,0 +1,106 @@
+"""A decoder layer as a function of its target weights, over its calibration rows.
+
+``capture_block`` runs the layer once over every calibration batch (``LayerContext.forward``)
+and keeps each call's arguments and which positions are real tokens; ``BlockRows`` then runs
+the layer on any rows of them with candidate weights (``torch.func.functional_call``), every
+floating tensor in float32, and gives the squared error against the float layer's own output
+at the real tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from quantkit.errors import QuantkitError
+from quantkit.steps.base import LayerContext
+
+
+@dataclass
+class BlockRows:
+    """The layer's calibration calls: ``calls[c] = (args, kwargs)`` (args[0] the hidden states
+    ``[rows, row_len, hidden]``), ``kept[c]`` bool ``[rows, row_len]``, ``reference[c]`` the float
+    layer's float32 output."""
+
+    layer: nn.Module
+    calls: list[tuple[tuple, dict]] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+    reference: list[torch.Tensor] = field(default_factory=list)
+
+    @property
+    def rows(self) -> list[tuple[int, int]]:
+        """Every calibration row as ``(call, row)``."""
+        return [(c, r) for c, k in enumerate(self.kept) for r in range(k.shape[0])]
+
+    def run(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The layer's float32 output on ``rows`` of one call, with ``weights`` (name -> tensor) in
+        place of its own parameters of those names."""
+        args, kwargs = self.calls[call]
+        n = self.kept[call].shape[0]
+        params = {k: v.float() for k, v in self.layer.named_parameters()}
+        params.update({k: v.float() for k, v in self.layer.named_buffers()})
+        params.update(weights)
+        out = functional_call(self.layer, params, _float32(_rows(args, rows, n)), _float32(_rows(kwargs, rows, n)),
+                              strict=False)
+        return (out[0] if isinstance(out, (tuple, list)) else out).float()
+
+    def squared_error(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """Summed squared error at the real tokens of ``rows``, and how many values it sums."""
+        y = self.run(call, rows, weights)
+        keep = self.kept[call][rows]
+        d = (y - self.reference[call][rows])[keep]
+        return d.pow(2).sum(), d.numel()
+
+
+def capture_block(ctx: LayerContext) -> BlockRows:
+    """One pass over the calibration batches: each call's arguments and real tokens, then the
+    float layer's float32 output on them."""
+    block = BlockRows(ctx.layer)
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
+        x = args[0] if args else kwargs.get("hidden_states")
+        if x is None or x.dim() != 3:
+            raise QuantkitError(f"{ctx.name}: learned rounding runs whole decoder layers on [rows, row_len, hidden] "
+                                f"inputs, got {None if x is None else tuple(x.shape)}")
+        positions = torch.arange(x.shape[:-1].numel()).view(*x.shape[:-1], 1)
+        kept = torch.zeros(x.shape[:-1].numel(), dtype=torch.bool)
+        kept[ctx.tokens(positions).flatten()] = True
+        block.calls.append((tuple(a.detach() if isinstance(a, torch.Tensor) else a for a in args), dict(kwargs)))
+        block.kept.append(kept.view(x.shape[:-1]))
+
+    handle = ctx.layer.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            ctx.forward()
+    finally:
+        handle.remove()
+    with torch.no_grad():
+        for c, k in enumerate(block.kept):
+            block.reference.append(block.run(c, torch.arange(k.shape[0]), {}))
+    return block
+
+
+def _rows(value, rows: torch.Tensor, n: int):
+    """``value`` with every tensor whose first dimension is the call's ``n`` rows cut to ``rows``
+    (in tuples, lists and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return value[rows.to(value.device)] if value.dim() > 0 and value.shape[0] == n else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rows(v, rows, n) for v in value)
+    if isinstance(value, dict):
+        return {k: _rows(v, rows, n) for k, v in value.items()}
+    return value
+
+
+def _float32(value):
+    """Every floating tensor of ``value`` in float32 (in tuples, lists and dicts too)."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.is_floating_point() else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_float32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _float32(v) for k, v in value.items()}
+    return value

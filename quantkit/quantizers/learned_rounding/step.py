@@ -1,0 +1,158 @@
+"""``LearnedRounding``, the registered quantizer: its recipe options, and one layer's run.
+
+For each decoder layer: capture its calibration calls and the float layer's output
+(``block.py``), learn every target's rounding offsets and clip factors together against that
+output (``signround.py``), and write the codes on the learned scales (``grid.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from quantkit.errors import QuantkitError
+from quantkit.numerics.primitives import sqnr_db
+from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
+from quantkit.quantizers.learned_rounding.grid import Clip, grid_for
+from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
+                                                           sign_sgd)
+from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
+
+#: preset -> (iters, lr, batch_size): AutoRound's default recipe, and its "light" one
+PRESETS = {"default": (200, None, 8), "fast": (50, 5e-3, 8)}
+
+
+@register_algorithm("learned_rounding")
+@dataclass
+class LearnedRounding(Algorithm):
+    """AutoRound-style learned rounding on each decoder layer's target linears.
+
+    Options (recipe ``algorithm:`` keys):
+        preset: "default" (200 steps, lr 1/200, 8 rows a step) or "fast" (50 steps, lr 0.005,
+            8 rows a step: AutoRound's "light" recipe); the options below override it.
+        iters: signed-gradient steps per layer.
+        lr: step size at the first step, decaying linearly to 0 (default 1 / iters).
+        batch_size: calibration rows drawn at random for each step.
+        minmax_tuning: learn each group's clip factors on its min and max too (else only the
+            rounding offsets, on min-max ranges).
+        seed: the row draws' seed.
+
+    Example:
+        >>> from quantkit.steps import build_algorithm
+        >>> build_algorithm("learned_rounding", {"preset": "fast"}).settings
+        SignRoundSettings(iters=50, lr=0.005, batch_size=8, minmax=True, seed=0)
+    """
+
+    preset: Literal["default", "fast"] = "default"
+    iters: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    minmax_tuning: bool = True
+    seed: int = 0
+
+    requires_calibration: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        for key in ("iters", "batch_size"):
+            value = getattr(self, key)
+            if value is not None and value <= 0:
+                raise QuantkitError(f"{key}: must be a positive integer, got {value!r}")
+        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+            raise QuantkitError(f"lr: must be a number > 0, got {self.lr!r}")
+
+    @property
+    def settings(self) -> SignRoundSettings:
+        iters, lr, batch = PRESETS[self.preset]
+        if self.iters is not None and self.lr is None:
+            lr = None   # 1 / iters, as AutoRound's own default
+        return SignRoundSettings(self.iters or iters, self.lr if self.lr is not None else lr,
+                                 self.batch_size or batch, self.minmax_tuning, self.seed)
+
+    def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
+        grids = {name: grid_for(scheme.weights) for name, (_, scheme) in _checked(ctx).items()}
+        t0 = time.perf_counter()
+        block = capture_block(ctx)
+        weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
+        global_scales = _global_scales(ctx, grids, weights)
+        settings = self.settings
+        params = {name: RoundingParams.start(tuple(w.shape), _groups(grids[name].args, w.shape[1]), settings.minmax)
+                  for name, w in weights.items()}
+
+        def fake() -> dict[str, torch.Tensor]:
+            return {f"{name}.weight": grids[name].fake_quantize(w.float(), params[name].v,
+                                                                Clip(params[name].beta, params[name].alpha),
+                                                                global_scales[name])
+                    for name, w in weights.items()}
+
+        def clamp() -> None:
+            for p in params.values():
+                p.clamp_()
+
+        result = sign_sgd([t for p in params.values() for t in p.learned()], _loss(block, fake, settings),
+                          settings, clamp)
+        seconds = time.perf_counter() - t0
+        return {name: _encode(grids[name], w, params[name], global_scales[name], result, settings, block, seconds)
+                for name, w in weights.items()}
+
+
+def _checked(ctx: LayerContext) -> dict:
+    for name, (module, scheme) in ctx.targets.items():
+        if scheme.weights is None:
+            raise QuantkitError(f"{ctx.name}.{name}: learned rounding needs a weight scheme")
+        scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}")
+    return ctx.targets
+
+
+def _groups(args, in_features: int) -> int:
+    return in_features // args.group_size if args.group_size else 1
+
+
+def _global_scales(ctx: LayerContext, grids: dict, weights: dict[str, torch.Tensor]) -> dict:
+    """Each target's per-tensor scale where its format has one, shared by the linears of one
+    sub-group (q/k/v, gate/up: one fused linear in the engine), else its own."""
+    out = {name: grids[name].global_scale(w) for name, w in weights.items()}
+    for group in ctx.subgroups:
+        members = [n for n in group if n in grids and grids[n].has_global_scale]
+        if len(members) > 1:
+            shared = grids[members[0]].shared_global_scale([weights[n].abs().amax() for n in members],
+                                                           weights[members[0]].dtype)
+            out.update({n: shared for n in members})
+    return out
+
+
+def _loss(block: BlockRows, fake, settings: SignRoundSettings):
+    """``loss_of(step)``: the mean squared error of the quantized layer's output on
+    ``batch_size`` rows drawn at random (the same draws for the same seed)."""
+    rows = block.rows
+    generator = torch.Generator().manual_seed(settings.seed)
+
+    def loss_of(step: int) -> torch.Tensor:
+        pick = torch.randperm(len(rows), generator=generator)[: settings.batch_size].tolist()
+        weights = fake()
+        total, count = 0.0, 0
+        for call in sorted({rows[i][0] for i in pick}):
+            chosen = torch.tensor([rows[i][1] for i in pick if rows[i][0] == call])
+            err, n = block.squared_error(call, chosen, weights)
+            total, count = total + err, count + n
+        return total / max(count, 1)
+
+    return loss_of
+
+
+def _encode(grid, w: torch.Tensor, p: RoundingParams, global_scale, result: SignRoundResult,
+            settings: SignRoundSettings, block: BlockRows, seconds: float) -> QuantizedWeight:
+    """The codes on the learned scales, as the checkpoint stores them, and the layer's figures."""
+    with torch.no_grad():
+        qp = grid.scales(w, Clip(p.beta.detach(), p.alpha.detach()), global_scale)
+        codes = grid.quantize(w, qp, offset=p.v.detach())
+        decoded = grid.dequantize(codes, qp, dtype=w.dtype)
+    stats = {"algorithm": "learned_rounding", "iters": settings.iters, "lr": settings.step_size,
+             "batch_size": settings.batch_size, "rows": len(block.rows),
+             "rtn_loss": result.first_loss, "loss": result.best_loss, "last_loss": result.last_loss,
+             "best_step": result.best_step, "rounded_up_or_down": float((p.v.detach().abs() >= 0.5).float().mean()),
+             "sqnr_db": round(sqnr_db(w, decoded), 3), "seconds": round(seconds, 2)}
+    return QuantizedWeight(codes, qp.scale, qp.zero_point, None, stats, qp.global_scale)
