@@ -140,6 +140,7 @@ class ColumnLoop:
     qmin: float
     qmax: float
     block_size: int
+    P: torch.Tensor | None = None   # GPTAQ's correction [cols, cols] (quantizers/gptq/gptaq.py); None: GPTQ
     codes_t: torch.Tensor = field(init=False)    # int8 codes [cols, rows]
     Q_t: torch.Tensor = field(init=False)        # the values they decode to [cols, rows], GPTQ_PRECISION
 
@@ -158,15 +159,19 @@ def column_loop(loop: ColumnLoop) -> None:
     cols = loop.Wt.shape[0]
     for i1 in range(0, cols, loop.block_size):
         i2 = min(i1 + loop.block_size, cols)
-        Err1 = _solve_block(loop, i1, i2)
+        Err1, W1 = _solve_block(loop, i1, i2)
         loop.Wt[i2:].addmm_(loop.U[i1:i2, i2:].T, Err1, alpha=-1.0)
+        if loop.P is not None:   # GPTAQ: each column's correction, from the value it was rounded from
+            loop.Wt[i2:].addmm_(loop.P[i1:i2, i2:].T, W1)
 
 
-def _solve_block(loop: ColumnLoop, i1: int, i2: int) -> torch.Tensor:
-    """Quantize columns ``i1:i2``; returns their scaled errors ``Err1`` ``[i2 - i1, rows]``."""
+def _solve_block(loop: ColumnLoop, i1: int, i2: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize columns ``i1:i2``; returns their scaled errors ``Err1`` ``[i2 - i1, rows]`` and the
+    values ``W1`` they were rounded from (a column is not updated after its turn)."""
     W1 = loop.Wt[i1:i2].clone()
     Err1 = torch.zeros_like(W1)
     U1 = loop.U[i1:i2, i1:i2]
+    P1 = loop.P[i1:i2, i1:i2] if loop.P is not None else None
     for i in range(i2 - i1):
         p = i1 + i
         if p in loop.grid.fixed_at:
@@ -179,7 +184,9 @@ def _solve_block(loop: ColumnLoop, i1: int, i2: int) -> torch.Tensor:
         torch.sub(w, q, out=err)
         err /= U1[i, i]
         W1[i + 1:].addr_(U1[i, i + 1:], err, alpha=-1.0)
-    return Err1
+        if P1 is not None:
+            W1[i + 1:].addr_(P1[i, i + 1:], w)
+    return Err1, W1
 
 
 def _fix_group(loop: ColumnLoop, g: int, W1: torch.Tensor, Err_done: torch.Tensor, i1: int, i2: int) -> None:
@@ -193,6 +200,8 @@ def _fix_group(loop: ColumnLoop, g: int, W1: torch.Tensor, Err_done: torch.Tenso
     done = Err_done.shape[0]
     if done > 0 and bool(later.any()):
         current[later] -= loop.U[i1:i1 + done][:, mem[later]].T @ Err_done
+        if loop.P is not None:   # GPTAQ's pending corrections too
+            current[later] += loop.P[i1:i1 + done][:, mem[later]].T @ W1[:done]
     loop.grid.fix(g, current)
 
 

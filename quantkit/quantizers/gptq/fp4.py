@@ -24,18 +24,20 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.numerics.fp4 import (GROUP_SIZE, FP4Kind, dequantize_fp4, e2m1_values, effective_scale,
                                    fp4_scales, nvfp4_global_scale, quantize_fp4_weight, round_to_e2m1)
+from quantkit.quantizers.gptq.gptaq import Asymmetry, correction, in_solve_order
 from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION
 from quantkit.quantizers.gptq.solve import (GPTQResult, SolveSettings, _output_error, _without_dead_columns,
                                             inverse_hessian_factor)
 
 
 def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: SolveSettings,
-              actorder: str | None = None) -> GPTQResult:
+              actorder: str | None = None, asymmetry: Asymmetry | None = None) -> GPTQResult:
     """GPTQ-quantize ``W_in`` ``[rows, cols]`` to ``kind`` against the Hessian ``H_in``.
 
     The result's ``q`` holds E2M1 codes (uint8), ``scale`` the format's group scales and
     ``global_scale`` NVFP4's; ``row_rtn_loss`` is round-to-nearest's under the same global scale.
     ``actorder``: None (columns in their order) or ``"weight"`` (see the module docstring).
+    ``asymmetry``: GPTAQ's correction (``quantizers/gptq/gptaq.py``), None for GPTQ.
     """
     G = GROUP_SIZE[kind]
     _check(W_in, H_in, G, settings)
@@ -45,6 +47,7 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: S
     out_dtype = W_in.dtype
     gs = nvfp4_global_scale(W_in.abs().amax()) if kind == "nvfp4" else None
     H_obj = H_in.to(GPTQ_PRECISION)
+    dead = torch.diagonal(H_obj) == 0 if asymmetry is not None else None
     W, H, n_dead = _without_dead_columns(W_in.to(GPTQ_PRECISION).clone(), H_obj.clone())
     static = fp4_scales(W_in, kind, gs)[0] if settings.static_groups or actorder else None
     perm = None
@@ -53,6 +56,7 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: S
         W, H = W[:, perm], H[perm][:, perm]
     inv = inverse_hessian_factor(H, settings.dampening_frac, settings.max_damping_retries)
     del H
+    P = correction(in_solve_order(asymmetry, dead, perm), inv.U, asymmetry.alpha) if asymmetry is not None else None
     Wt = W.T.contiguous()
     codes_t = torch.empty(Wt.shape, dtype=torch.uint8, device=Wt.device)
     Q_t = torch.empty(Wt.shape, dtype=GPTQ_PRECISION, device=Wt.device)
@@ -61,8 +65,10 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: S
     steps = None if perm is None else effective_scale(static, gs, kind).to(GPTQ_PRECISION)[:, perm // G]
     for i1 in range(0, Wt.shape[0], settings.block_size):
         i2 = min(i1 + settings.block_size, Wt.shape[0])
-        Err1 = _fp4_block(Wt, inv.U, (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales))
+        Err1, W1 = _fp4_block(Wt, (inv.U, P), (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales))
         Wt[i2:].addmm_(inv.U[i1:i2, i2:].T, Err1, alpha=-1.0)
+        if P is not None:   # GPTAQ: each column's correction, from the value it was rounded from
+            Wt[i2:].addmm_(P[i1:i2, i2:].T, W1)
     if perm is not None:   # back to the weight's column order
         order = torch.argsort(perm)
         codes_t, Q_t = codes_t[order], Q_t[order]
@@ -76,14 +82,17 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, kind: FP4Kind, settings: S
                       damping_retries=inv.retries, dead_columns=n_dead, global_scale=gs)
 
 
-def _fp4_block(Wt: torch.Tensor, U: torch.Tensor, span: tuple[int, int], grid: tuple, out: tuple) -> torch.Tensor:
-    """Columns ``span`` of ``Wt`` (``[cols, rows]``) rounded one by one, each error moving the
-    block's later columns; returns the block's scaled errors for the columns after it."""
-    (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales) = span, grid, out
+def _fp4_block(Wt: torch.Tensor, factors: tuple, span: tuple[int, int], grid: tuple,
+               out: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """Columns ``span`` of ``Wt`` (``[cols, rows]``) rounded one by one, each error (and GPTAQ's
+    correction ``P``, when given) moving the block's later columns; returns the block's scaled
+    errors and the values its columns were rounded from, for the columns after it."""
+    (U, P), (i1, i2), (kind, gs, static, out_dtype, steps), (codes_t, Q_t, scales) = factors, span, grid, out
     G = GROUP_SIZE[kind]
     W1 = Wt[i1:i2].clone()
     Err1 = torch.zeros_like(W1)
     U1 = U[i1:i2, i1:i2]
+    P1 = P[i1:i2, i1:i2] if P is not None else None
     step = None
     for i in range(i2 - i1):
         p = i1 + i
@@ -104,7 +113,9 @@ def _fp4_block(Wt: torch.Tensor, U: torch.Tensor, span: tuple[int, int], grid: t
         torch.sub(w, q, out=err)
         err /= U1[i, i]
         W1[i + 1:].addr_(U1[i, i + 1:], err, alpha=-1.0)
-    return Err1
+        if P1 is not None:
+            W1[i + 1:].addr_(P1[i, i + 1:], w)
+    return Err1, W1
 
 
 def _check(W: torch.Tensor, H: torch.Tensor, G: int, settings: SolveSettings) -> None:

@@ -28,6 +28,7 @@ from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize, quantize_weight as rtn_quantize_weight
 from quantkit.config.scheme import QuantArgs
 from quantkit.quantizers.gptq.columns import ColumnLoop, column_grid, column_groups, column_loop, qparams_before_solve
+from quantkit.quantizers.gptq.gptaq import Asymmetry, correction, in_solve_order
 from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION
 
 #: Damping fraction tried first on a retry when the user asked for none.
@@ -142,11 +143,14 @@ def gptq_quantize_weight(
     return solve(W, H, args, SolveSettings(block_size, dampening_frac, max_damping_retries, static_groups))
 
 
-def solve(W_in: torch.Tensor, H_in: torch.Tensor, args: QuantArgs, settings: SolveSettings) -> GPTQResult:
-    """``gptq_quantize_weight`` with its options as one ``SolveSettings``."""
+def solve(W_in: torch.Tensor, H_in: torch.Tensor, args: QuantArgs, settings: SolveSettings,
+          asymmetry: Asymmetry | None = None) -> GPTQResult:
+    """``gptq_quantize_weight`` with its options as one ``SolveSettings``; with ``asymmetry``, GPTAQ's
+    solve (``quantizers/gptq/gptaq.py``: the float model's output as the target)."""
     _check_inputs(W_in, H_in, args)
     out_dtype = W_in.dtype
     H_obj = H_in.to(GPTQ_PRECISION)
+    dead = torch.diagonal(H_obj) == 0 if asymmetry is not None else None
     W, H, n_dead = _without_dead_columns(W_in.to(GPTQ_PRECISION).clone(), H_obj.clone())
 
     perm = torch.argsort(torch.diagonal(H), descending=True, stable=True) if args.actorder else None
@@ -163,6 +167,8 @@ def solve(W_in: torch.Tensor, H_in: torch.Tensor, args: QuantArgs, settings: Sol
     inv = inverse_hessian_factor(H, settings.dampening_frac, settings.max_damping_retries)
     del H
     loop = ColumnLoop(W.T.contiguous(), inv.U, grid, float(args.qmin), float(args.qmax), settings.block_size)
+    if asymmetry is not None:
+        loop.P = correction(in_solve_order(asymmetry, dead, perm), inv.U, asymmetry.alpha)
     damping, retries = inv.damping, inv.retries
     del W, inv
     with _one_thread(loop.Wt.device):

@@ -6,6 +6,7 @@ into one weight: one factorisation, one column loop.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
 from quantkit.config.scheme import fp4_kind
 from quantkit.quantizers.gptq.fp4 import solve_fp4
+from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.solve import GPTQResult, SolveSettings, solve
 
 
@@ -30,29 +32,33 @@ def solve_batches(ctx: LayerContext, names: list[str]) -> list[list[str]]:
 
 
 def solve_stack(ctx: LayerContext, settings: SolveSettings, names: list[str], H: torch.Tensor, tokens: int,
-                subgroup: int, shared: list[str]) -> dict[str, tuple[QuantizedWeight, torch.Tensor]]:
+                subgroup: int, shared: list[str],
+                asymmetry: Asymmetry | None = None) -> dict[str, tuple[QuantizedWeight, torch.Tensor]]:
     """Solve ``names`` (one batch of ``solve_batches``) against the Hessian ``H`` of ``tokens`` tokens.
 
     Returns per linear its quantized weight, with the report figures in ``stats``
     (``subgroup``: its sub-group's index; ``shared``: the linears that read its input), and its
-    dequantized weight.
+    dequantized weight. ``asymmetry``: GPTAQ's ``dXXT`` over the same tokens, and its ``alpha``.
     """
     modules = [ctx.targets[n][0] for n in names]
     args = ctx.targets[names[0]][1].weights
     device = modules[0].weight.device
     # data-parallel calibration: every rank solves from every rank's tokens (identity on one rank)
+    if asymmetry is not None:
+        asymmetry = dataclasses.replace(asymmetry, dXXT=merge_mean(asymmetry.dXXT, tokens)[0].to(device))
     H, tokens = merge_mean(H, tokens)
     if tokens == 0:
         # No calibration token reached these linears (an MoE expert the router never picked):
         # with H = I the solve is exactly round-to-nearest, where H = 0 would zero every
         # column as dead and erase the expert.
         H = torch.eye(H.shape[0], dtype=H.dtype)
+        asymmetry = None
     W = torch.cat([m.weight.data for m in modules], dim=0)
     try:
         if fp4_kind(args) is not None:
-            res = solve_fp4(W, H.to(device), fp4_kind(args), settings, args.actorder)
+            res = solve_fp4(W, H.to(device), fp4_kind(args), settings, args.actorder, asymmetry)
         else:
-            res = solve(W, H.to(device), args, settings)
+            res = solve(W, H.to(device), args, settings, asymmetry)
     except QuantkitError as e:
         raise QuantkitError(f"{ctx.name}.{'/'.join(names)}: {e}") from None
     out: dict[str, tuple[QuantizedWeight, torch.Tensor]] = {}
@@ -64,6 +70,8 @@ def solve_stack(ctx: LayerContext, settings: SolveSettings, names: list[str], H:
                  "samples": int(ctx.num_samples), "tokens": int(tokens),
                  **_figures(res, rows, settings), "actorder": args.actorder,
                  "static_groups": bool(settings.static_groups)}
+        if asymmetry is not None:
+            stats["gptaq_alpha"] = float(asymmetry.alpha)
         out[name] = (_rows_of(res, rows, args.strategy != "tensor", stats), res.w_hat[rows])
     return out
 
