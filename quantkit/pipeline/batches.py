@@ -97,14 +97,20 @@ def make_chunks(samples: list[list[int]], batch_tokens: int, packed: bool = True
 MICRO_BATCH_TOKENS = 4096
 
 
-def auto_batch_tokens(config, device: str) -> int:
-    """Positions per calibration batch: what fits a quarter of the free memory in one layer call."""
+def auto_batch_tokens(config, device: str, float_inputs: bool = False) -> int:
+    """Positions per calibration batch: what fits a quarter of the free memory in one layer call
+    (``float_inputs``: with the float model's activations carried beside, for GPTAQ)."""
     d = int(getattr(config, "hidden_size", 4096))
     inter = int(getattr(config, "intermediate_size", 4 * d) or 4 * d)
     elt = torch.empty(0, dtype=config_dtype(config)).element_size()
     # the layer's input and output, norms, q/k/v/attention output, MLP intermediates, and
     # the fp32 copy a Hessian accumulation makes of the widest input
     per_token = elt * (8 * d + 4 * inter) + 4 * max(d, inter)
+    if float_inputs:
+        # the float model's layer input, and each target linear's float input held while the
+        # layer is quantized (attention in and out, MLP in and out), plus the fp32 difference
+        # GPTAQ's accumulation makes of the widest
+        per_token += elt * (5 * d + inter) + 4 * max(d, inter)
     if str(device).startswith("cuda") and torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info(torch.device(device))
     else:

@@ -9,6 +9,7 @@ boundary, and the batch size it used.
 from __future__ import annotations
 
 from quantkit.common import distributed
+from quantkit.errors import QuantkitError
 from quantkit.pipeline import batches as _batches
 from quantkit.pipeline.batches import CalibrationChunk, auto_batch_tokens, make_chunks, num_tokens_of
 from quantkit.pipeline.capture import capture_inputs
@@ -38,8 +39,9 @@ def prepare_calibration(state: RunState) -> Calibration:
         calls.append(layer_calls)
     dematerialize(state.model)   # the embeddings only fed the capture: the layers never use them
     hidden = _hidden_states(state, first)
+    float_hidden = _float_hidden_states(state, first)
     del first
-    return Calibration(CalibrationPasses(chunks, hidden, calls), single_pass, batch_tokens)
+    return Calibration(CalibrationPasses(chunks, hidden, calls, float_hidden), single_pass, batch_tokens)
 
 
 def _onload_outer(state: RunState) -> None:
@@ -57,7 +59,8 @@ def _batch_tokens(state: RunState) -> int:
     if at is not None and at.batch_tokens is not None:
         batch_tokens = at.batch_tokens   # auto_batch_tokens reads the free memory: it can differ now
     else:
-        batch_tokens = state.recipe.calibration.batch_tokens or auto_batch_tokens(state.config, state.options.device)
+        batch_tokens = state.recipe.calibration.batch_tokens or auto_batch_tokens(
+            state.config, state.options.device, float_inputs=state.quantizer.needs_float_inputs)
     # every rank must make the same batches and the same lockstep decision (free memory differs)
     return distributed.smallest(batch_tokens)
 
@@ -71,6 +74,20 @@ def _say_batches(state: RunState, chunks: list[CalibrationChunk], single_pass: b
     state.say(f"calibration: {len(samples)} samples, {num_tokens_of(samples)} tokens in {rows} rows, "
               f"{len(chunks)} batch{'es' if len(chunks) > 1 else ''} per layer"
               f"{', all in one pass' if single_pass else ''}{f', shared by {ranks} ranks' if ranks > 1 else ''}")
+
+
+def _float_hidden_states(state: RunState, first: list) -> ActivationStore | None:
+    """The float model's hidden states entering the first layer, when the quantizer asks for them:
+    the captured ones (the layers before are the same), offloaded beside the quantized ones."""
+    if not state.quantizer.needs_float_inputs:
+        return None
+    if state.start > 0:
+        raise QuantkitError("algorithm.gptaq: a resumed run has no float-model activations to continue from; "
+                            "start the conversion again without --resume")
+    folder = None if state.offload_dir is None else state.offload_dir / "float"
+    if folder is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+    return ActivationStore(first, folder, state.options.device)
 
 
 def _hidden_states(state: RunState, first: list) -> ActivationStore:

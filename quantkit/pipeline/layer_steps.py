@@ -69,6 +69,8 @@ def layer_context(state: RunState, i: int, layer: nn.Module, targets: Targets, k
                        num_tokens=state.num_tokens, single_pass=state.calibration.single_pass, arch=spec,
                        config=state.config, num_batches=passes.count, tokens=passes.tokens(name), sync=passes.sync,
                        batch_index=passes.batch_index)
+    if passes.float_hidden is not None:
+        ctx.forward_float = lambda: passes.run_float(layer, i)
     return ctx
 
 

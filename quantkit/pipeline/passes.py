@@ -35,8 +35,12 @@ from quantkit.pipeline.store import ActivationStore, ArgumentStore
 
 
 class CalibrationPasses:
-    def __init__(self, chunks: list[CalibrationChunk], hidden: ActivationStore, calls: ArgumentStore):
+    def __init__(self, chunks: list[CalibrationChunk], hidden: ActivationStore, calls: ArgumentStore,
+                 float_hidden: ActivationStore | None = None):
         self.chunks, self.hidden, self.calls = chunks, hidden, calls
+        # the float model's hidden states, carried beside the quantized ones when the quantizer
+        # asks (GPTAQ); advanced with them at each layer boundary
+        self.float_hidden = float_hidden
         self.interleaver = Interleaver()
         self._batch: int | None = None
         self._selected: set[int | None] = set()   # batches whose running module sees real tokens only
@@ -156,6 +160,26 @@ class CalibrationPasses:
             self._batch = None
             for h in hooks:
                 h.remove()
+
+    def run_float(self, layer: nn.Module, i: int) -> None:
+        """Every batch of the float model's inputs through layer ``i`` as it is (its float weights,
+        before the quantizer changes them); the outputs are the float model's next inputs."""
+        if self.float_hidden is None:
+            raise RuntimeError("a float pass needs the float model's hidden states")
+        try:
+            with torch.no_grad():
+                for j in range(self.count):
+                    self._batch = j
+                    args, kwargs = self.calls.get(i, j)
+                    self.float_hidden.put_next(j, layer_output(layer(self.float_hidden.get(j), *args, **kwargs)))
+        finally:
+            self._batch = None
+
+    def advance(self) -> None:
+        """The outputs recorded become the next layer's inputs (the float model's too, when carried)."""
+        self.hidden.advance()
+        if self.float_hidden is not None:
+            self.float_hidden.advance()
 
     def _observe_static(self, targets, observed, where) -> list:
         return observe_static(targets, observed, self.tokens(where))

@@ -122,6 +122,9 @@ def _open(config, source, recipe: Recipe, samples: list[list[int]] | None, write
     needs_data = recipe.needs_calibration
     if needs_data and not samples:
         raise QuantkitError("calibration: this recipe needs calibration data (a step or static activations)")
+    if quantizer.needs_float_inputs and spec.moe is not None:
+        # the float pass would route every token a second time (and count it in the coverage)
+        raise QuantkitError(f"algorithm.gptaq: not supported on mixture-of-experts models yet ({arch_name})")
     state = RunState(config, arch_name, spec, model, recipe, source, writer, options, samples, transforms, quantizer,
                      num_tokens_of(samples))
     _copy_outside_layers(state)
@@ -202,7 +205,7 @@ def _convert_layer(state: RunState, i: int) -> None:
     observed = _propagate(state, layer, rows)
     residuals.save_layer(state.writer.tmp, i, rows)
     if state.passes is not None:
-        state.passes.hidden.advance()
+        state.passes.advance()
     _record_coverage(state, layer)
     observed = distributed.merge_max(observed, static_targets(layer.targets))
     _write(state, layer, results, observed)

@@ -103,6 +103,10 @@ class LayerContext:
     propagated: bool = False
     # input absmax of static-activation targets, recorded by a propagating pass
     observed: dict[str, torch.Tensor] = field(default_factory=dict)
+    # forward_float(): the layer, as it is, over the float model's inputs of this layer (every batch;
+    # hooks see them), its outputs kept as the float model's next inputs. None unless the quantizer
+    # asks the run to carry them (``Algorithm.needs_float_inputs``: GPTAQ)
+    forward_float: Callable[[], None] | None = None
 
     def forward(self, propagate: bool = False, interleaved: bool = False) -> None:
         """Run the layer over every captured calibration input (hooks see the real inputs).
@@ -156,6 +160,12 @@ class Algorithm(Step):
     """A quantizer: the last step of a layer's chain."""
 
     kind: ClassVar[str] = "quantizer"
+
+    @property
+    def needs_float_inputs(self) -> bool:
+        """The run carries the float model's layer inputs beside the quantized ones
+        (``LayerContext.forward_float``): twice the calibration activations."""
+        return False
 
     @abstractmethod
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:

@@ -1,15 +1,19 @@
 """GPTAQ: the solve against a float64 column-by-column reference of the asymmetric objective,
-planted inputs where it must beat GPTQ, codes decoding to the written scales."""
+planted inputs where it must beat GPTQ, codes decoding to the written scales, the recipe option,
+the float model's activations carried through the pipeline, and a checkpoint transformers reads."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import quantkit
+from model_factory import random_ids
 from quantkit.config.scheme import QuantArgs
 from quantkit.errors import QuantkitError
 from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
 from quantkit.numerics.primitives import calculate_qparams, dequantize, reduce_minmax
+from quantkit.pipeline.passes import CalibrationPasses
 from quantkit.quantizers.gptq import columns as columns_mod
 from quantkit.quantizers.gptq import gptaq as gptaq_mod
 from quantkit.quantizers.gptq import hessian as hessian_mod
@@ -18,6 +22,7 @@ from quantkit.quantizers.gptq.fp4 import solve_fp4
 from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.hessian import accumulate_asymmetry, accumulate_hessian
 from quantkit.quantizers.gptq.solve import SolveSettings, solve
+from quantkit.steps import build_algorithm
 
 
 # -- data -------------------------------------------------------------------------------
@@ -183,3 +188,83 @@ def test_fp4_beats_gptq_and_decodes_to_its_scales(kind, actorder):
     assert target_error(W, gptaq.w_hat, held_x, held_f) < 0.7 * target_error(W, gptq.w_hat, held_x, held_f)
     decoded = dequantize_fp4(FP4Weight(gptaq.q, gptaq.scale, gptaq.global_scale), kind, W.dtype)
     assert torch.equal(decoded, gptaq.w_hat)
+
+
+# -- the recipe option ----------------------------------------------------------------------
+@pytest.mark.parametrize("options,needle", [
+    ({"gptaq": "yes"}, "gptaq"),
+    ({"gptaq": True, "gptaq_alpha": 0}, "gptaq_alpha"),
+    ({"gptaq": True, "gptaq_alpha": float("nan")}, "gptaq_alpha"),
+    ({"gptaq_alpha": 0.5}, "gptaq_alpha: set only with gptaq: true"),
+])
+def test_bad_options_are_refused_by_name(options, needle):
+    with pytest.raises(QuantkitError, match=needle):
+        build_algorithm("gptq", options)
+
+
+def test_off_by_default_and_asks_for_float_inputs_only_when_on():
+    assert not build_algorithm("gptq", {}).needs_float_inputs
+    assert build_algorithm("gptq", {"gptaq": True}).needs_float_inputs
+
+
+@pytest.mark.parametrize("name,base", [("w4a16-gptaq", "w4a16-gptq"), ("nvfp4a16-gptaq", "nvfp4a16-gptq")])
+def test_shipped_recipes_are_the_gptq_ones_with_gptaq_on(name, base):
+    recipe, gptq = quantkit.load_recipe(name), quantkit.load_recipe(base)
+    assert recipe.groups == gptq.groups and recipe.ignore == gptq.ignore
+    options = recipe.to_dict()["steps"][-1]["gptq"]
+    assert options.pop("gptaq") is True
+    assert options == gptq.to_dict()["steps"][-1]["gptq"]
+
+
+# -- through the pipeline -----------------------------------------------------------------------
+RECIPE = {"scheme": "W4A16", "group_size": 32, "algorithm": {"name": "gptq", "gptaq": True}}
+
+
+def test_float_pass_reads_the_float_models_hidden_states(tiny_llama, monkeypatch):
+    """What the float pass runs each layer on is the float model's own hidden state of the same tokens."""
+    from transformers import AutoModelForCausalLM
+
+    ids = random_ids(4, 16, seed=2)
+    seen: dict[int, list[torch.Tensor]] = {}
+    run_float = CalibrationPasses.run_float
+
+    def spy(self, layer, i):
+        seen[i] = [self.float_hidden.get(j).clone() for j in range(self.count)]
+        run_float(self, layer, i)
+
+    monkeypatch.setattr(CalibrationPasses, "run_float", spy)
+    quantkit.quantize(tiny_llama, RECIPE, calibration=ids)
+    with torch.no_grad():
+        states = AutoModelForCausalLM.from_pretrained(tiny_llama)(torch.tensor(ids), output_hidden_states=True).hidden_states
+    assert sorted(seen) == [0, 1]
+    for i, batches in seen.items():
+        rows = torch.cat([b.reshape(-1, *b.shape[-2:]) for b in batches])
+        assert rows.shape[0] == len(ids)
+        for row in rows:   # each packed row is one sample (all of one length), in some order
+            gap = min(float((row - s).abs().max()) for s in states[i])
+            assert gap < 1e-5
+
+
+@pytest.mark.parametrize("calibration", [{}, {"batch_tokens": 32}], ids=["lockstep", "per-sub-group"])
+def test_checkpoint_reads_back_in_transformers(tiny_llama, tmp_path, calibration):
+    """Both schedules (one lockstep pass; a pass per sub-group when the set does not fit one) write a
+    checkpoint transformers reads to the logits quantkit computes, and not GPTQ's codes."""
+    from transformers import AutoModelForCausalLM
+
+    ids, probe = random_ids(4, 24, seed=3), torch.tensor(random_ids(2, 16, seed=4))
+    recipe = {**RECIPE, "calibration": calibration} if calibration else RECIPE
+    q = quantkit.quantize(tiny_llama, recipe, calibration=ids)
+    path = q.save(tmp_path / "gptaq")
+    with torch.no_grad():
+        ours = quantkit.load(path)(probe).logits
+        theirs = AutoModelForCausalLM.from_pretrained(path)(probe).logits
+        ref = AutoModelForCausalLM.from_pretrained(tiny_llama)(probe).logits
+    assert float((ours - theirs).norm() / theirs.norm()) < 1e-5
+    assert float((theirs - ref).norm() / ref.norm()) < 0.5
+    plain = {**recipe, "algorithm": {"name": "gptq"}}
+    other = quantkit.quantize(tiny_llama, plain, calibration=ids).save(tmp_path / "gptq")
+    from safetensors.torch import load_file
+
+    ours_t, gptq_t = load_file(str(next(path.glob("*.safetensors")))), load_file(str(next(other.glob("*.safetensors"))))
+    key = "model.layers.1.mlp.down_proj.weight_packed"
+    assert not torch.equal(ours_t[key], gptq_t[key])

@@ -10,6 +10,8 @@ from quantkit.errors import QuantkitError
 from quantkit.config.scheme import fp4_kind
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 from quantkit.quantizers.gptq.collect import quantize_in_passes
+from quantkit.quantizers.gptq.float_inputs import capture_float_inputs
+from quantkit.quantizers.gptq.gptaq import DEFAULT_ALPHA
 from quantkit.quantizers.gptq.lockstep import quantize_in_flight
 from quantkit.quantizers.gptq.solve import SolveSettings
 
@@ -38,6 +40,16 @@ class GPTQ(Algorithm):
         static_groups: group qparams from the original weight before the solve, instead of
             from the error-updated columns when the solve reaches each group.
         offload_hessians: keep Hessians on the CPU between accumulation and solve.
+        gptaq: GPTAQ (``quantizers/gptq/gptaq.py``): keep the Hessian of the quantized model's
+            inputs, but aim at the float model's output. The run then carries the float model's
+            layer inputs beside the quantized ones (offloaded with them under
+            ``calibration.offload``), and each layer holds every target linear's float input
+            per batch, in memory, while it is quantized: about twice the calibration
+            activations, and one more pass per layer. The in-memory pass
+            (``calibration.batch_tokens``' default, from the memory a cap leaves) is sized
+            for it. Not on mixture-of-experts models, nor on a resumed run. Off by default.
+        gptaq_alpha: the scale of GPTAQ's correction (0.25, the authors' and GPTQModel's; 1 is
+            the exact least-squares step).
 
     Act-order comes from the scheme: ``weights.actorder: weight | group``.
 
@@ -53,6 +65,8 @@ class GPTQ(Algorithm):
     true_sequential: bool = True
     static_groups: bool = False
     offload_hessians: bool = False
+    gptaq: bool = False
+    gptaq_alpha: float = DEFAULT_ALPHA
 
     requires_calibration: ClassVar[bool] = True
 
@@ -65,9 +79,18 @@ class GPTQ(Algorithm):
         if isinstance(self.max_damping_retries, bool) or not isinstance(self.max_damping_retries, int) \
                 or self.max_damping_retries < 0:
             raise QuantkitError(f"max_damping_retries: must be an integer >= 0, got {self.max_damping_retries!r}")
-        for key in ("true_sequential", "static_groups", "offload_hessians"):
+        for key in ("true_sequential", "static_groups", "offload_hessians", "gptaq"):
             if not isinstance(getattr(self, key), bool):
                 raise QuantkitError(f"{key}: must be true or false, got {getattr(self, key)!r}")
+        if isinstance(self.gptaq_alpha, bool) or not isinstance(self.gptaq_alpha, (int, float)) \
+                or not math.isfinite(self.gptaq_alpha) or self.gptaq_alpha <= 0:
+            raise QuantkitError(f"gptaq_alpha: must be a number > 0, got {self.gptaq_alpha!r}")
+        if self.gptaq_alpha != DEFAULT_ALPHA and not self.gptaq:
+            raise QuantkitError("gptaq_alpha: set only with gptaq: true")
+
+    @property
+    def needs_float_inputs(self) -> bool:
+        return self.gptaq
 
     @property
     def settings(self) -> SolveSettings:
@@ -77,11 +100,16 @@ class GPTQ(Algorithm):
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
         _check_targets(ctx)
         subgroups = _subgroups(ctx)
-        if self.true_sequential and ctx.single_pass:
-            return quantize_in_flight(ctx, subgroups, self.settings)
-        if not self.true_sequential:
-            subgroups = [[n for g in subgroups for n in g]]
-        return quantize_in_passes(ctx, subgroups, self.settings, offload=self.offload_hessians)
+        floats = capture_float_inputs(ctx, [n for g in subgroups for n in g], self.gptaq_alpha) if self.gptaq else None
+        try:
+            if self.true_sequential and ctx.single_pass:
+                return quantize_in_flight(ctx, subgroups, self.settings, floats)
+            if not self.true_sequential:
+                subgroups = [[n for g in subgroups for n in g]]
+            return quantize_in_passes(ctx, subgroups, self.settings, offload=self.offload_hessians, floats=floats)
+        finally:
+            if floats is not None:
+                floats.release()
 
 
 def _check_targets(ctx: LayerContext) -> None:

@@ -27,6 +27,8 @@ from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
+from quantkit.quantizers.gptq.float_inputs import FloatInputs
+from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.hessian import RunningHessian
 from quantkit.quantizers.gptq.solve import SolveSettings
 from quantkit.quantizers.gptq.stack import solve_batches, solve_stack
@@ -79,6 +81,7 @@ class InFlightPass:
     ctx: LayerContext
     settings: SolveSettings
     subgroups: list[list[str]]
+    floats: FloatInputs | None = None    # GPTAQ: the float model's inputs, paired with each batch's own
     subgroup_of: dict[str, int] = field(init=False)
     results: dict[str, QuantizedWeight] = field(default_factory=dict)
     leader_of: dict[str, str] = field(default_factory=dict)          # whose input each solve read
@@ -121,7 +124,8 @@ class InFlightPass:
             return
         if kind is Arrival.NEW:
             seen.record(name, x)
-            self.pending.setdefault(name, RunningHessian()).add(self.ctx.tokens(x.detach()))
+            x_float = self.floats.of(name, self.ctx.batch_index()) if self.floats is not None else None
+            self.pending.setdefault(name, RunningHessian()).add(self.ctx.tokens(x.detach()), x_float)
         self.arrivals.setdefault(name, []).append(kind)
         self.ctx.sync(name, lambda: self.finish(name), park=(x,))
 
@@ -160,8 +164,9 @@ class InFlightPass:
                  if n != name and n not in self.results and n not in self.provisional
                  and n.rpartition(".")[0] == parent]
         stack = next(b for b in solve_batches(self.ctx, [name] + peers) if name in b)
+        asymmetry = Asymmetry(self.current.dXXT, self.floats.alpha) if self.floats is not None else None
         solved = solve_stack(self.ctx, self.settings, stack, self.current.H, self.current.tokens,
-                             self.subgroup_of[name], stack)
+                             self.subgroup_of[name], stack, asymmetry)
         for n, (qw, _) in solved.items():
             module, scheme = self.ctx.targets[n]
             if n != name:
@@ -180,10 +185,11 @@ class InFlightPass:
             held.clear()
 
 
-def quantize_in_flight(ctx: LayerContext, subgroups: list[list[str]],
-                       settings: SolveSettings) -> dict[str, QuantizedWeight]:
-    """Quantize ``subgroups``' linears in one lockstep pass (the module docstring tells how)."""
-    state = InFlightPass(ctx, settings, subgroups)
+def quantize_in_flight(ctx: LayerContext, subgroups: list[list[str]], settings: SolveSettings,
+                       floats: FloatInputs | None = None) -> dict[str, QuantizedWeight]:
+    """Quantize ``subgroups``' linears in one lockstep pass (the module docstring tells how);
+    with ``floats``, by GPTAQ."""
+    state = InFlightPass(ctx, settings, subgroups, floats)
     handles = [ctx.targets[n][0].register_forward_pre_hook(state.hook(n)) for n in state.subgroup_of]
     try:
         ctx.forward(propagate=True, interleaved=True)
