@@ -10,6 +10,10 @@ SmolLM2's widths (576) are not multiples of 128, so the 128-wide presets run her
 FP8 blocks of 64 x 64 with activation groups of 64, and int4 / int3 groups of 64. Every GPTQ
 run uses the shipped GPTQ recipes' settings (act-order "weight", ``mse`` ranges, true-sequential).
 
+``w4a16-g64-gptaq`` is ``w4a16-g64-gptq`` with GPTAQ on (``algorithm: {gptaq: true}``; the shipped
+``nvfp4a16-gptaq`` is ``nvfp4a16-gptq-actorder`` with it). Each run reports its quantization's wall
+and CPU seconds (``quantize_cpu_seconds``: the process's, every thread).
+
 A label may also be a shipped recipe's name (``nvfp4a16``). An FP4 RTN recipe's name with ``-gptq``
 after it (``mxfp4a16-gptq``, ``nvfp4a16-gptq``) runs GPTQ with ``nvfp4a16-gptq``'s block and damping
 in column order, with ``-gptq-actorder`` after it with act-order "weight" (what the shipped
@@ -65,6 +69,7 @@ RUNS = {
                              {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True}), "gptq"),
     "w4a16-g64": (_group(INT4), "rtn"),
     "w4a16-g64-gptq": (_group(dict(INT4, **GPTQ_WEIGHTS)), "gptq"),
+    "w4a16-g64-gptaq": (_group(dict(INT4, **GPTQ_WEIGHTS)), {"name": "gptq", "gptaq": True}),
     "w3a16-g64": (_group(INT3), "rtn"),
     "w3a16-g64-gptq": (_group(dict(INT3, **GPTQ_WEIGHTS)), "gptq"),
 }
@@ -89,7 +94,8 @@ def recipe_of(label: str, samples: int, seq_len: int) -> dict:
     base = name.removesuffix("-actorder").removesuffix("-gptq")
     if name in RUNS:
         groups, algorithm = RUNS[name]
-        recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"], "algorithm": {"name": algorithm}}
+        recipe = {"version": 1, "config_groups": groups, "ignore": ["lm_head"],
+                  "algorithm": algorithm if isinstance(algorithm, dict) else {"name": algorithm}}
     elif base in FP4_RECIPES and base != name:   # FP4 by GPTQ, in column order or with act-order "weight"
         recipe = yaml.safe_load((RECIPES / f"{base}.yaml").read_text())
         recipe["algorithm"] = yaml.safe_load((RECIPES / "nvfp4a16-gptq.yaml").read_text())["algorithm"]
@@ -204,11 +210,12 @@ def measure(label: str, folder: Path, held: list, calib: list, bos, workdir: Pat
     if label == "fp32":
         return {"perplexity": perplexity(AutoModelForCausalLM.from_pretrained(folder), held, bos)}
     recipe = quantkit.load_recipe(recipe_of(label, len(calib), seq_len))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     q = quantkit.quantize(folder, recipe, calib if recipe.needs_calibration else None,
                           quantkit.ConvertOptions(workdir=str(workdir / label.replace("+", "-"))))
-    seconds = time.perf_counter() - t0
-    return {"perplexity": perplexity(q.load(), held, bos), "quantize_seconds": round(seconds, 1)}
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"perplexity": perplexity(q.load(), held, bos), "quantize_seconds": round(seconds, 1),
+            "quantize_cpu_seconds": round(cpu, 1)}
 
 
 def main() -> None:
