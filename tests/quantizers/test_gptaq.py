@@ -268,3 +268,26 @@ def test_checkpoint_reads_back_in_transformers(tiny_llama, tmp_path, calibration
     ours_t, gptq_t = load_file(str(next(path.glob("*.safetensors")))), load_file(str(next(other.glob("*.safetensors"))))
     key = "model.layers.1.mlp.down_proj.weight_packed"
     assert not torch.equal(ours_t[key], gptq_t[key])
+
+
+def test_offloaded_float_activations_give_the_same_checkpoint(tiny_llama, tmp_path):
+    """With ``calibration.offload`` the float model's hidden states go to files of their own and
+    come back bit for bit: the codes are those of the run that keeps them in memory."""
+    from safetensors.torch import load_file
+
+    ids = random_ids(4, 24, seed=3)
+    tensors = {}
+    for offload in (False, True):
+        recipe = {**RECIPE, "calibration": {"batch_tokens": 32, "offload": offload}}
+        path = quantkit.quantize(tiny_llama, recipe, calibration=ids).save(tmp_path / str(offload))
+        tensors[offload] = load_file(str(next(path.glob("*.safetensors"))))
+    assert tensors[True].keys() == tensors[False].keys()
+    assert all(torch.equal(tensors[True][k], tensors[False][k]) for k in tensors[False])
+
+
+def test_refused_on_mixture_of_experts_models(tmp_path):
+    from moe_models import make_moe_dir
+
+    folder = make_moe_dir(tmp_path / "moe", "Qwen3MoeForCausalLM")
+    with pytest.raises(QuantkitError, match="algorithm.gptaq: not supported on mixture-of-experts"):
+        quantkit.quantize(folder, RECIPE, calibration=random_ids(2, 16))
