@@ -3,7 +3,8 @@ toolkit's own interpreter: ``python peer_workers.py SPEC.json RESULT.json``.
 
 Every worker reads the same spec (model folder, calibration rows as token ids, the format and
 the recipe's settings), times the quantization call alone with ``time.process_time()`` (one
-thread: ``torch.set_num_threads(1)`` and ``OMP_NUM_THREADS=1`` from the parent) and writes:
+thread: ``torch.set_num_threads(1)`` and ``OMP_NUM_THREADS=1`` from the parent), records its own
+peak RSS (``peak_rss_mib``: model load, quantization and save) and writes:
   - quantkit: its compressed-tensors checkpoint (``QuantizedModel.save``), scored through
     ``quantkit.load``;
   - a peer: the float model with every quantized Linear's weight replaced by the peer's own
@@ -156,6 +157,12 @@ def run_autoround(spec: dict) -> dict:
 
 # -- GPTQModel --------------------------------------------------------------------------------
 def run_gptqmodel(spec: dict) -> dict:
+    import os
+
+    # GPTQModel 7.7 sizes its CPU pool at (cores + 1) // 2, one worker on a 2-core host, and then
+    # refuses its own model loader's two ("Virtual pool 'model_loader:cpu' requests 2 workers but
+    # parent 'cpu' only has 1"): two workers is the least it runs with
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", "2")
     import torch
     from gptqmodel import GPTQModel, QuantizeConfig
 
@@ -190,7 +197,18 @@ def main() -> None:
         out = WORKERS[spec["toolkit"]](spec)
     except Exception as e:   # the peer's own error, quoted in the table
         out = {"error": f"{type(e).__name__}: {e}".strip()[:1500], "traceback": traceback.format_exc()[-4000:]}
+    out["peak_rss_mib"] = peak_rss_mib()
     a.result.write_text(json.dumps(out))
+
+
+def peak_rss_mib() -> float | None:
+    """This process's own peak RSS (VmHWM, reset by exec). ``getrusage`` is no use here: on Linux
+    a child's ``ru_maxrss`` starts from its parent's peak at the fork (a worker that failed in 20 s
+    reported the parent's 2,464 MiB)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return None
 
 
 if __name__ == "__main__":

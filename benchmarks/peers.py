@@ -16,8 +16,9 @@ NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
 
 Each cell's quantization runs in a subprocess with the toolkit's own interpreter
 (``benchmarks/peer_workers.py``), one thread (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``):
-CPU s is the process CPU time of the quantization call alone; peak RSS is the child's
-``ru_maxrss`` (``os.wait4``), so it covers the whole worker (model load and save included).
+CPU s is the process CPU time of the quantization call alone; peak RSS is the worker's own high-water
+mark (``VmHWM``), so it covers the whole worker (model load and save included): the child's
+``ru_maxrss`` is not used, since on Linux it starts from the parent's peak at the fork.
 quantkit writes its compressed-tensors checkpoint, scored through ``quantkit.load``; a peer
 writes its fake-quant model (the float model with the peer's dequantized weights) as plain
 safetensors, since quantkit does not read AutoRound's or GPTQModel's packed formats. For weight-only
@@ -228,7 +229,7 @@ def worker_spec(toolkit: str, fmt: str, settings: dict, data: dict) -> dict:
 
 # -- running one cell -------------------------------------------------------------------------
 def run_worker(python: str, spec: dict, timeout: int) -> dict:
-    """The worker in its own interpreter, one thread; its result plus the child's peak RSS."""
+    """The worker in its own interpreter, one thread; its result (with its own peak RSS)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, result_path, log_path = (Path(tmp) / n for n in ("spec.json", "result.json", "log.txt"))
         spec_path.write_text(json.dumps(spec))
@@ -238,21 +239,16 @@ def run_worker(python: str, spec: dict, timeout: int) -> dict:
         with open(log_path, "w") as log:
             proc = subprocess.Popen([python, str(WORKER), str(spec_path), str(result_path)], env=env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            deadline = time.monotonic() + timeout
-            while True:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-                if pid:
-                    break
-                if time.monotonic() > deadline:
-                    os.killpg(proc.pid, 9)
-                    pid, status, usage = os.wait4(proc.pid, 0)
-                    tail = log_path.read_text()[-3000:]
-                    return {"error": f"not finished in {timeout} s", "wall_s": time.perf_counter() - t0, "log_tail": tail}
-                time.sleep(1)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+                return {"error": f"not finished in {timeout} s", "wall_s": time.perf_counter() - t0,
+                        "log_tail": log_path.read_text()[-3000:]}
         out = json.loads(result_path.read_text()) if result_path.exists() else {
             "error": f"exit {proc.returncode}: " + log_path.read_text()[-1500:]}
-        out["peak_rss_mib"] = usage.ru_maxrss / 1024
+        out.setdefault("peak_rss_mib", None)   # the worker's own VmHWM (peer_workers.peak_rss_mib)
         out["wall_s"] = time.perf_counter() - t0
         if "error" in out:
             out["log_tail"] = log_path.read_text()[-3000:]
