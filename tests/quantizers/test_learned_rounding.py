@@ -12,12 +12,11 @@ from torch import nn
 
 import quantkit
 from model_factory import random_ids
-from quantkit.config.scheme import QuantArgs, QuantScheme
+from quantkit.config.scheme import PRESETS, QuantArgs, QuantScheme
 from quantkit.errors import QuantkitError
-from quantkit.numerics.primitives import quantize_weight as rtn_quantize_weight
-from quantkit.numerics.primitives import dequantize
 from quantkit.quantizers.learned_rounding import SignRoundSettings, sign_sgd
-from quantkit.quantizers.learned_rounding.grid import Clip, grid_for
+from quantkit.numerics.number_formats import Clip, QParams, number_format
+from quantkit.quantizers.rtn import rtn_weight
 from quantkit.steps import LayerContext, build_algorithm
 
 
@@ -34,40 +33,32 @@ def test_sign_sgd_keeps_the_best_step_and_its_steps_add_up_to_the_decayed_rate()
     assert float(p[1].detach()) == pytest.approx(-0.5049, abs=1e-5) and abs(float(p[0].detach()) - 0.2) < 0.01
 
 
-# -- the grids --------------------------------------------------------------------------------
-@pytest.mark.parametrize("bits", [2, 3, 4, 8])
-@pytest.mark.parametrize("symmetric", [True, False])
-@pytest.mark.parametrize("group_size", [8, None])
-def test_fake_quantization_is_the_codes_on_the_written_scales(bits, symmetric, group_size):
-    args = QuantArgs(num_bits=bits, symmetric=symmetric, group_size=group_size)
-    grid = grid_for(args)
-    g = torch.Generator().manual_seed(bits)
-    w = torch.randn(6, 32, generator=g)
-    groups = 32 // group_size if group_size else 1
-    v = torch.rand(6, 32, generator=g) - 0.5
-    clip = Clip(0.5 + 0.5 * torch.rand(6, groups, generator=g), 0.5 + 0.5 * torch.rand(6, groups, generator=g))
-    qp = grid.scales(w, clip)
-    codes = grid.quantize(w, qp, offset=v)
-    assert codes.dtype == torch.int8 and int(codes.min()) >= args.qmin and int(codes.max()) <= args.qmax
-    assert torch.equal(grid.fake_quantize(w, v, clip), dequantize(codes, qp.scale, qp.zero_point, args))
-    # no offset and no clip: round to nearest, RTN's own codes and scales
-    q, scale, zp = rtn_quantize_weight(w, args)
-    qp = grid.scales(w)
-    assert torch.equal(grid.quantize(w, qp), q) and torch.equal(qp.scale, scale)
+# -- the formats, as the quantizer uses them ------------------------------------------------
+FORMATS = {"int2-g8": QuantArgs(num_bits=2, group_size=8), "int3-asym-g8": QuantArgs(num_bits=3, symmetric=False, group_size=8),
+           "int4-g8": QuantArgs(num_bits=4, group_size=8), "int4-asym-channel": QuantArgs(num_bits=4, symmetric=False),
+           "int8-g16": QuantArgs(num_bits=8, group_size=16),
+           "nvfp4": PRESETS["NVFP4A16"].weights, "mxfp4": PRESETS["MXFP4A16"].weights}
 
 
-def test_gradients_reach_the_offsets_and_both_clip_factors():
-    grid = grid_for(QuantArgs(num_bits=4, symmetric=False, group_size=8))
-    w = torch.randn(4, 16)
-    v = torch.zeros(4, 16, requires_grad=True)
-    lo, hi = torch.ones(4, 2, requires_grad=True), torch.ones(4, 2, requires_grad=True)
-    grid.fake_quantize(w, v, Clip(hi, lo)).pow(2).sum().backward()
-    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (v, lo, hi))
-
-
-def test_other_grids_are_refused_by_name():
-    with pytest.raises(QuantkitError, match="strategy 'block'"):
-        grid_for(QuantArgs(num_bits=8, type="float", strategy="block", block_structure=(64, 64)))
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_fake_quantization_is_the_codes_on_the_written_scales(name):
+    """The optimisation's forward (fake-quantization with offsets and clip factors) is exactly
+    the weight the codes written on the learned scales decode to."""
+    args = FORMATS[name]
+    fmt = number_format(args)
+    g = torch.Generator().manual_seed(len(name))
+    w = torch.randn(6, 64, generator=g)
+    shape = fmt.scales(w, Clip(1.0, 1.0)).scale.shape
+    v = torch.rand(6, 64, generator=g) - 0.5
+    clip = Clip(0.5 + 0.5 * torch.rand(shape, generator=g), 0.5 + 0.5 * torch.rand(shape, generator=g))
+    gs = fmt.global_scale(w)
+    qp = fmt.scales(w, clip, gs)
+    codes = fmt.quantize(w, qp, offset=v)
+    assert torch.equal(fmt.fake_quantize(w, v, clip, gs), fmt.dequantize(codes, qp, dtype=w.dtype))
+    # no offset, clip factors 1: round to nearest on min-max ranges, what RTN writes
+    rtn = rtn_weight(w, args)
+    qp = fmt.scales(w, Clip(1.0, 1.0), gs)
+    assert torch.equal(fmt.quantize(w, qp), rtn.q) and torch.equal(qp.scale, rtn.scale)
 
 
 # -- a planted layer --------------------------------------------------------------------------
@@ -106,9 +97,9 @@ def block_error(reference: Block, quantized: Block, inputs) -> float:
             reference(x).numel() for x in inputs)
 
 
-@pytest.mark.parametrize("args", [QuantArgs(num_bits=4, group_size=16), QuantArgs(num_bits=3, symmetric=False,
-                                                                                   group_size=32)],
-                         ids=["w4-sym-g16", "w3-asym-g32"])
+@pytest.mark.parametrize("args", [QuantArgs(num_bits=4, group_size=16), QuantArgs(num_bits=3, symmetric=False, group_size=32),
+                                  PRESETS["NVFP4A16"].weights, PRESETS["MXFP4A16"].weights],
+                         ids=["w4-sym-g16", "w3-asym-g32", "nvfp4", "mxfp4"])
 def test_beats_round_to_nearest_on_the_block_output(args):
     scheme = QuantScheme(("Linear",), args)
     inputs = [correlated_rows(2, 16, 64, seed=s) for s in range(2)]
@@ -119,11 +110,11 @@ def test_beats_round_to_nearest_on_the_block_output(args):
     results = algo.quantize_layer(ctx)
     for name, r in results.items():
         w = getattr(original, name).weight.data
-        q, s, z = rtn_quantize_weight(w, args)
-        getattr(rtn, name).weight.data = dequantize(q, s, z, args)
+        getattr(rtn, name).weight.data = rtn_weight(w, args).dequantized(args, torch.float32)
         decoded = r.dequantized(args, torch.float32)
         getattr(block, name).weight.data = decoded
-        assert torch.equal(decoded, dequantize(r.q, r.scale, r.zero_point, args))   # codes on the written scales
+        fmt = number_format(args)   # the codes decode to the written scales
+        assert torch.equal(decoded, fmt.dequantize(r.q, QParams(r.scale, r.zero_point, r.global_scale), dtype=torch.float32))
         assert r.scale.shape == (w.shape[0], w.shape[1] // args.group_size)
         json.dumps(r.stats)
     st = results["up_proj"].stats
@@ -160,25 +151,37 @@ def test_options_and_presets():
 
 
 # -- a model, written and read back -----------------------------------------------------------
+READBACK = {"W4A16-g32": {"config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}}},
+            "NVFP4A16": {"scheme": "NVFP4A16"}, "MXFP4A16": {"scheme": "MXFP4A16"}}
+
+
 @pytest.fixture(scope="module")
-def learned_w4(tiny_llama, tmp_path_factory):
-    recipe = {"config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32}}},
-        "ignore": ["lm_head"], "algorithm": {"name": "learned_rounding", "iters": 4, "batch_size": 2}}
-    return quantkit.quantize(tiny_llama, recipe, calibration=random_ids(4, 32)).save(
-        tmp_path_factory.mktemp("learned") / "w4")
-
-
-def test_transformers_reads_the_checkpoint_back(learned_w4):
+def learned(tiny_llama, tmp_path_factory):
+    """A bfloat16 model (the dtype compressed-tensors decompresses FP4 to) by learned rounding."""
     from transformers import AutoModelForCausalLM
 
-    config = json.loads((learned_w4 / "config.json").read_text())["quantization_config"]
-    assert config["format"] == "pack-quantized"
-    theirs = AutoModelForCausalLM.from_pretrained(learned_w4, dtype=torch.float32)
-    ours = quantkit.load(learned_w4)
+    root = tmp_path_factory.mktemp("learned")
+    AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.bfloat16).save_pretrained(root / "bf16")
+    algorithm = {"name": "learned_rounding", "iters": 4, "batch_size": 2}
+    return {name: quantkit.quantize(root / "bf16", {**r, "ignore": ["lm_head"], "algorithm": algorithm},
+                                    calibration=random_ids(4, 32)).save(root / name)
+            for name, r in READBACK.items()}
+
+
+@pytest.mark.parametrize("name", list(READBACK))
+def test_transformers_reads_the_checkpoint_back(learned, name):
+    from transformers import AutoModelForCausalLM
+
+    path = learned[name]
+    config = json.loads((path / "config.json").read_text())["quantization_config"]
+    assert config["format"] == {"W4A16-g32": "pack-quantized", "NVFP4A16": "nvfp4-pack-quantized",
+                                "MXFP4A16": "mxfp4-pack-quantized"}[name]
+    theirs = AutoModelForCausalLM.from_pretrained(path)
+    ours = quantkit.load(path)
     ids = torch.tensor(random_ids(2, 16, seed=3))
     with torch.no_grad():
-        a, b = ours(ids).logits, theirs(ids).logits
-    assert float((a - b).norm() / b.norm()) <= 1e-5
-    log = json.loads((learned_w4 / "quantization_log.json").read_text())
+        a, b = ours(ids).logits.float(), theirs(ids).logits.float()
+    assert float((a - b).norm() / b.norm()) <= 1e-6
+    log = json.loads((path / "quantization_log.json").read_text())
     assert "learned_rounding" in json.dumps(log)

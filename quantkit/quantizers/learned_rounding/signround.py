@@ -7,7 +7,7 @@ The quantized block computes with
 
     W~ = s * (clamp(round(W / s + V) + zp, qmin, qmax) - zp),   (s, zp) from (alpha * min, beta * max)
 
-(the format's grid gives ``W~``: ``grid.py``), ``round`` passing gradients straight through, and
+(the number format's fake-quantization gives ``W~``), ``round`` passing gradients straight through, and
 the loss is the mean squared error of the block's output against the float block's on the
 calibration rows, ``L = ||f(X; W~) - f(X; W)||^2``. Each step draws ``batch_size`` rows at random
 and moves every parameter by the sign of its gradient,
@@ -56,17 +56,16 @@ class SignRoundSettings:
 
 @dataclass
 class RoundingParams:
-    """One weight's learned parameters: ``v`` ``[out, in]``, clip factors ``[out, groups]``."""
+    """One weight's learned parameters: ``v`` ``[out, in]``, clip factors in its scales' shape."""
 
     v: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
 
     @classmethod
-    def start(cls, shape: tuple[int, int], groups: int, minmax: bool) -> RoundingParams:
+    def start(cls, shape: tuple[int, ...], scale_shape: tuple[int, ...], minmax: bool) -> RoundingParams:
         """Round to nearest on min-max ranges; the clip factors learn only with ``minmax``."""
-        out = shape[0]
-        p = cls(torch.zeros(shape), torch.ones(out, groups), torch.ones(out, groups))
+        p = cls(torch.zeros(shape), torch.ones(scale_shape), torch.ones(scale_shape))
         p.v.requires_grad_(True)
         if minmax:
             p.alpha.requires_grad_(True)
@@ -92,11 +91,6 @@ class SignRoundResult:
     last_loss: float
     best_step: int
     steps: int
-
-
-def round_ste(x: torch.Tensor) -> torch.Tensor:
-    """``round(x)`` whose gradient is the identity's (the straight-through estimator)."""
-    return x + (torch.round(x) - x).detach()
 
 
 def sign_sgd(params: list[torch.Tensor], loss_of: Callable[[int], torch.Tensor], settings: SignRoundSettings,

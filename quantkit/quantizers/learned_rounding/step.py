@@ -2,7 +2,9 @@
 
 For each decoder layer: capture its calibration calls and the float layer's output
 (``block.py``), learn every target's rounding offsets and clip factors together against that
-output (``signround.py``), and write the codes on the learned scales (``grid.py``).
+output (``signround.py``) through its number format's differentiable fake-quantization, and
+write the format's codes on the learned scales (``numerics/number_formats``: every format the
+same way, none named here).
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from typing import ClassVar, Literal
 import torch
 
 from quantkit.errors import QuantkitError
+from quantkit.numerics.number_formats import Clip, NumberFormat, number_format
 from quantkit.numerics.primitives import sqnr_db
 from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
-from quantkit.quantizers.learned_rounding.grid import Clip, grid_for
 from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
                                                            sign_sgd)
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
@@ -73,19 +75,20 @@ class LearnedRounding(Algorithm):
                                  self.batch_size or batch, self.minmax_tuning, self.seed)
 
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
-        grids = {name: grid_for(scheme.weights) for name, (_, scheme) in _checked(ctx).items()}
+        grids = {name: number_format(scheme.weights) for name, (_, scheme) in _checked(ctx).items()}
         t0 = time.perf_counter()
         block = capture_block(ctx)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
         global_scales = _global_scales(ctx, grids, weights)
         settings = self.settings
-        params = {name: RoundingParams.start(tuple(w.shape), _groups(grids[name].args, w.shape[1]), settings.minmax)
+        params = {name: RoundingParams.start(tuple(w.shape), _scale_shape(grids[name], w, global_scales[name]),
+                                             settings.minmax)
                   for name, w in weights.items()}
 
         def fake() -> dict[str, torch.Tensor]:
-            return {f"{name}.weight": grids[name].fake_quantize(w.float(), params[name].v,
+            return {f"{name}.weight": grids[name].fake_quantize(w, params[name].v,
                                                                 Clip(params[name].beta, params[name].alpha),
-                                                                global_scales[name])
+                                                                global_scales[name]).float()
                     for name, w in weights.items()}
 
         def clamp() -> None:
@@ -103,15 +106,19 @@ def _checked(ctx: LayerContext) -> dict:
     for name, (module, scheme) in ctx.targets.items():
         if scheme.weights is None:
             raise QuantkitError(f"{ctx.name}.{name}: learned rounding needs a weight scheme")
-        scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}")
+        if scheme.weights.actorder == "group":
+            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: learned rounding keeps groups contiguous "
+                                "(no g_idx); take 'weight' or none")
+        scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}", module.out_features)
     return ctx.targets
 
 
-def _groups(args, in_features: int) -> int:
-    return in_features // args.group_size if args.group_size else 1
+def _scale_shape(fmt: NumberFormat, w: torch.Tensor, global_scale: torch.Tensor | None) -> tuple[int, ...]:
+    """The shape of ``w``'s scales, which the clip factors take."""
+    return tuple(fmt.scales(w, Clip(1.0, 1.0), global_scale).scale.shape)
 
 
-def _global_scales(ctx: LayerContext, grids: dict, weights: dict[str, torch.Tensor]) -> dict:
+def _global_scales(ctx: LayerContext, grids: dict[str, NumberFormat], weights: dict[str, torch.Tensor]) -> dict:
     """Each target's per-tensor scale where its format has one, shared by the linears of one
     sub-group (q/k/v, gate/up: one fused linear in the engine), else its own."""
     out = {name: grids[name].global_scale(w) for name, w in weights.items()}
@@ -143,7 +150,7 @@ def _loss(block: BlockRows, fake, settings: SignRoundSettings):
     return loss_of
 
 
-def _encode(grid, w: torch.Tensor, p: RoundingParams, global_scale, result: SignRoundResult,
+def _encode(grid: NumberFormat, w: torch.Tensor, p: RoundingParams, global_scale, result: SignRoundResult,
             settings: SignRoundSettings, block: BlockRows, seconds: float) -> QuantizedWeight:
     """The codes on the learned scales, as the checkpoint stores them, and the layer's figures."""
     with torch.no_grad():
