@@ -27,9 +27,8 @@ import torch
 from torch import nn
 
 from quantkit.errors import QuantkitError
-from quantkit.config.scheme import QuantScheme, fp4_kind
-from quantkit.numerics.primitives import dequantize
-from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
+from quantkit.config.scheme import QuantScheme
+from quantkit.numerics.number_formats import QParams, number_format
 from quantkit.config.validation import build_options
 
 if TYPE_CHECKING:
@@ -45,14 +44,16 @@ class QuantizedWeight:
     zero_point: torch.Tensor | None = None
     g_idx: torch.Tensor | None = None
     stats: dict[str, Any] = field(default_factory=dict)
-    global_scale: torch.Tensor | None = None   # NVFP4's per-tensor scale over its group scales
+    global_scale: torch.Tensor | None = None   # a per-tensor scale over the group scales, in formats with one
+
+    @property
+    def qparams(self) -> QParams:
+        """The scales as the number-format contract takes them."""
+        return QParams(self.scale, self.zero_point, self.global_scale)
 
     def dequantized(self, args, dtype: torch.dtype) -> torch.Tensor:
         """The weight the quantized model computes with: what the pipeline writes back."""
-        if fp4_kind(args) is not None:
-            return dequantize_fp4(FP4Weight(self.q, self.scale, self.global_scale), fp4_kind(args), dtype)
-
-        return dequantize(self.q, self.scale, self.zero_point, args, self.g_idx, dtype)
+        return number_format(args).dequantize(self.q, self.qparams, self.g_idx, dtype)
 
 
 @dataclass

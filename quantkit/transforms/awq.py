@@ -50,7 +50,7 @@ from torch import nn
 
 from quantkit.arch.spec import SmoothMapping
 from quantkit.errors import QuantkitError
-from quantkit.numerics.primitives import dequantize, quantize_weight
+from quantkit.numerics.number_formats import number_format
 from quantkit.config.scheme import QuantArgs
 from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
 from quantkit.transforms.observe import ChannelStats, observe_layer, search_batches
@@ -64,8 +64,10 @@ def minmax(args: QuantArgs) -> QuantArgs:
 
 
 def fake_quantize_weight(w: torch.Tensor, args: QuantArgs) -> torch.Tensor:
-    q, scale, zp = quantize_weight(w, args)
-    return dequantize(q, scale, zp, args, None, w.dtype)
+    """``w`` rounded to nearest on its number format and decoded, in its dtype."""
+    fmt = number_format(args)
+    qp = fmt.scales(w)
+    return fmt.dequantize(fmt.quantize(w, qp), qp, None, w.dtype)
 
 
 def weight_salience(weights: list[torch.Tensor], args: QuantArgs) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 from quantkit.common.crashpoints import kill_point
 from quantkit.common.disk_space import disk_full_error, is_disk_full
 from quantkit.common.i18n import check_lang
-from quantkit.config.scheme import fp4_kind
+from quantkit.numerics.number_formats import number_format
 from quantkit.errors import QuantkitError
 from quantkit.formats import staging
 from quantkit.formats.compressed_tensors import checkpoint_dtype, compress_module, group_for, matches, quantization_config
@@ -297,13 +297,14 @@ def _check_selection(job: _Job, rule: re.Pattern, linears: list[str], groups: di
 
 
 def _siblings(groups: dict[str, str], recipe: Recipe) -> dict[str, tuple[str, ...]]:
-    """NVFP4 targets that share one global scale with their fused siblings (``SIBLINGS``)."""
-    nvfp4 = {m for m, g in groups.items() if fp4_kind(recipe.groups[g].weights) == "nvfp4"}
+    """Targets whose format has a global scale (NVFP4) that share one with their fused siblings
+    (``SIBLINGS``)."""
+    scaled = {m for m, g in groups.items() if number_format(recipe.groups[g].weights).has_global_scale}
     out = {}
-    for m in nvfp4:
+    for m in scaled:
         parent, _, leaf = m.rpartition(".")
         for names in SIBLINGS:
-            members = tuple(f"{parent}.{n}" for n in names if f"{parent}.{n}" in nvfp4)
+            members = tuple(f"{parent}.{n}" for n in names if f"{parent}.{n}" in scaled)
             if leaf in names and len(members) > 1:
                 out[m] = members
     return out
@@ -322,7 +323,8 @@ def _global_scale(job: _Job, module: str) -> torch.Tensor | None:
             dtype = dtype or w.dtype
             amaxes.append(w.abs().amax())
             del w
-        job.scales = {members: shared_global_scale(amaxes, dtype)}   # siblings are neighbours: keep one
+        args = job.recipe.groups[job.plan.groups[module]].weights
+        job.scales = {members: shared_global_scale(amaxes, dtype, args)}   # siblings are neighbours: keep one
     return job.scales[members]
 
 

@@ -102,6 +102,8 @@ class NumberFormat(ABC):
     solvable: ClassVar[bool] = True
     #: the checkpoint can store a ``g_idx`` (act-order "group")
     stores_g_idx: ClassVar[bool] = False
+    #: the args of a format its name fixes completely (NVFP4, MXFP4); None: the scheme says
+    named_args: ClassVar[QuantArgs | None] = None
 
     def __init__(self, args: QuantArgs) -> None:
         self.args = args
@@ -234,6 +236,11 @@ def format_name(args: QuantArgs) -> str:
     return "fp8" if args.type == "float" else "int"
 
 
-def number_format(args: QuantArgs) -> NumberFormat:
-    """The number format of a weight's ``QuantArgs``."""
+def number_format(args: QuantArgs | str) -> NumberFormat:
+    """The number format of a weight's ``QuantArgs``, or of a name that fixes its args ("nvfp4")."""
+    if isinstance(args, str):
+        cls = FORMATS[args]
+        if cls.named_args is None:
+            raise ValueError(f"number format {args!r}: its name does not fix its args, give QuantArgs")
+        return cls(cls.named_args)
     return FORMATS[format_name(args)](args)

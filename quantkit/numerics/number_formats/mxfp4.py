@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.e8m0 import scale_exponent
 from quantkit.numerics.fp4 import FP4_EMAX
 from quantkit.numerics.number_formats.base import number_format, register_format
@@ -21,5 +22,7 @@ __all__ = ["MXFP4Format", "number_format"]
 
 @register_format("mxfp4")
 class MXFP4Format(E2M1Format):
+    named_args = QuantArgs(num_bits=4, type="float", group_size=32)
+
     def group_scales(self, amax: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
         return scale_exponent(amax, FP4_EMAX)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.fp4 import nvfp4_global_scale, nvfp4_group_scales
 from quantkit.numerics.number_formats.base import number_format, register_format
 from quantkit.numerics.number_formats.e2m1 import E2M1Format
@@ -22,6 +23,7 @@ __all__ = ["NVFP4Format", "number_format"]
 
 @register_format("nvfp4")
 class NVFP4Format(E2M1Format):
+    named_args = QuantArgs(num_bits=4, type="float", group_size=16)
     has_global_scale = True
 
     def global_scale(self, w: torch.Tensor) -> torch.Tensor:

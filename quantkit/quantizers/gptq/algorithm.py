@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from quantkit.errors import QuantkitError
-from quantkit.config.scheme import fp4_kind
+from quantkit.numerics.number_formats import number_format
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 from quantkit.quantizers.gptq.collect import quantize_in_passes
 from quantkit.quantizers.gptq.float_inputs import capture_float_inputs
@@ -116,11 +116,12 @@ def _check_targets(ctx: LayerContext) -> None:
     for name, (module, scheme) in ctx.targets.items():
         if scheme.weights is None:
             raise QuantkitError(f"{ctx.name}.{name}: GPTQ needs a weight scheme")
-        if fp4_kind(scheme.weights) is not None and scheme.weights.actorder not in (None, "weight"):
-            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: FP4 GPTQ takes 'weight' or none "
-                                "('group' needs a g_idx, which the FP4 formats do not store)")
-        if scheme.weights.type != "int" and fp4_kind(scheme.weights) is None:
+        fmt = number_format(scheme.weights)
+        if not fmt.solvable:
             raise QuantkitError(f"{ctx.name}.{name}: weights.type: GPTQ quantizes integer weights, got {scheme.weights.type!r}")
+        if not fmt.stores_g_idx and scheme.weights.actorder not in (None, "weight"):
+            raise QuantkitError(f"{ctx.name}.{name}: weights.actorder: {fmt.name} GPTQ takes 'weight' or none "
+                                "('group' needs a g_idx, which the format does not store)")
         if scheme.weights.strategy == "block":   # its column loop keeps one scale per row or group
             raise QuantkitError(f"{ctx.name}.{name}: weights.strategy: GPTQ does not take block scales, use rtn")
         scheme.weights.check_width(module.in_features, f"{ctx.name}.{name}")

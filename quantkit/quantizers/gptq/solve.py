@@ -115,7 +115,7 @@ class GPTQResult:
     damping: float
     damping_retries: int
     dead_columns: int
-    global_scale: torch.Tensor | None = None   # NVFP4 (quantizers/gptq/fp4.py): fixed before the groups
+    global_scale: torch.Tensor | None = None   # the format's, when it has one (gptq/fp4.py): fixed first
 
 
 def gptq_quantize_weight(

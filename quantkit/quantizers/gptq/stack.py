@@ -14,7 +14,7 @@ import torch
 from quantkit.common.distributed import merge_mean
 from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
-from quantkit.config.scheme import fp4_kind
+from quantkit.numerics.number_formats import number_format
 from quantkit.quantizers.gptq.fp4 import solve_fp4
 from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.solve import GPTQResult, SolveSettings, solve
@@ -55,8 +55,9 @@ def solve_stack(ctx: LayerContext, settings: SolveSettings, names: list[str], H:
         asymmetry = None
     W = torch.cat([m.weight.data for m in modules], dim=0)
     try:
-        if fp4_kind(args) is not None:
-            res = solve_fp4(W, H.to(device), fp4_kind(args), settings, args.actorder, asymmetry)
+        fmt = number_format(args)
+        if not fmt.affine:   # a grid of the format's own (E2M1); integer grids take the general solve
+            res = solve_fp4(W, H.to(device), fmt, settings, args.actorder, asymmetry)
         else:
             res = solve(W, H.to(device), args, settings, asymmetry)
     except QuantkitError as e:
