@@ -129,7 +129,11 @@ def _manifest() -> dict:
             "tasks": [{"name": "chat", **bucket}, {"name": "code", **bucket}], "buckets": [{"name": "1-64", **bucket}],
             "cells": [{"task": "chat", "bucket": "1-64", "target": 2, **bucket}],
             "length_histogram": {"edges": [64, 128], "traffic": [1, 2], "distinct": [1, 1], "sample": [1, 0]},
-            "warnings": ["cell chat x 1-64: only 2 distinct rows (< 8); collect more traffic of this kind",
+            "task_coverage": {"task_types": 1, "log_task_types": 2, "effective_task_types": 1.0, "narrow_below": 2.0},
+            "warnings": ["narrow calibration set: the sample covers 1 task type (chat 30), 1.00 effective (< 2); "
+                         "calibrated on one kind of text, a low-bit model can lose quality on every other kind it "
+                         "serves: add traffic of its other tasks, and check the verdict on their slices (--calib)",
+                         "cell chat x 1-64: only 2 distinct rows (< 8); collect more traffic of this kind",
                          "cell chat x 65-128: all 2 distinct rows drawn, its traffic share asked for 9 (its "
                          "requests repeat); the rest went to other cells",
                          "cell code x 1-64: not represented (num_samples too small for all cells)",

@@ -16,7 +16,7 @@ from quantkit.calibration.config import SamplerConfig
 from quantkit.calibration.encoding import (encode_ids, special_affixes, tokenizer_fingerprint,
                                            truncate, with_affixes)
 from quantkit.calibration.io import Malformed, RawLog, file_sha256, read_log, row_byte_limit, row_char_limit
-from quantkit.calibration.manifest import build_manifest, coverage_warnings
+from quantkit.calibration.manifest import RAW_TEXT, build_manifest, coverage_warnings, narrow_warning
 from quantkit.calibration.render import Row, RowError, chat_renderer, render_record
 from quantkit.calibration.report import report_html, report_json, report_markdown
 from quantkit.common.i18n import DEFAULT_LANG, check_lang
@@ -173,7 +173,8 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
     fewer are asked for), a JSONL/CSV/Parquet/.txt log or HF datasets folder (sampled on the
     fly with ``policy``, see allocate.py), or ``None``/``"default"`` for the embedded default log.
     ``warn`` receives one line for each thing the caller should know (malformed rows skipped
-    under the limit, fewer samples than asked, another tokenizer); default: this module's logger.
+    under the limit, fewer samples than asked, another tokenizer, a sample of few task types:
+    ``narrow_warning``); default: this module's logger.
     ``record``, if given, receives the drawn set's ``source`` (name, sha256) and
     ``sample_content`` (its rows' content hashes, never text): what an evaluation of the
     converted model leaves out of its business slices.
@@ -196,6 +197,7 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
                  f"(under the {100 * cfg.max_malformed_share:g}% limit): {skipped.summary()}")
         if len(res.samples) < num_samples:
             warn(f"{path}: {len(res.samples)} samples drawn, {num_samples} asked (the log has no more distinct rows)")
+        _warn_narrow(path, res.samples, warn)
         if record is not None:
             record.update(source=res.manifest["source"], sample_content=res.manifest["sample_content"])
         return res.input_ids
@@ -206,6 +208,7 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
     chosen = _stratified_subset(samples, num_samples, seed)
     if len(chosen) < num_samples:
         warn(f"{path}: holds {len(chosen)} samples, {num_samples} asked; using all")
+    _warn_narrow(path, chosen, warn)
     affixes = special_affixes(tok)
     same_tok = manifest["tokenizer"]["sha256"] == tokenizer_fingerprint(tok)["sha256"]
     if not same_tok:
@@ -219,6 +222,14 @@ def load_calibration(source: str | Path | None, tokenizer: Any, num_samples: int
             with_affixes(encode_ids(tok, [s["text"]])[0], affixes)
         out.append(truncate(list(ids), max_seq_len, affixes))
     return out
+
+
+def _warn_narrow(path: Path, samples: list[dict[str, Any]], warn: Callable[[str], None]) -> None:
+    """The coverage report's narrow-set warning, for the samples a conversion takes."""
+    message = narrow_warning([s["task"] for s in samples],
+                             [s["task"] == RAW_TEXT and s.get("task_from") == "inferred" for s in samples])
+    if message:
+        warn(f"{path}: {message}")
 
 
 def _stratified_subset(samples: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:

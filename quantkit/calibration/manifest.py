@@ -6,8 +6,9 @@ that one seed gives byte-identical files.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -20,6 +21,11 @@ MANIFEST_FORMAT = "quantkit-calibration"
 MANIFEST_VERSION = 2  # 2: traffic (repeats counted) beside distinct rows; sample content hashes
 SHARE_DIGITS = 6
 CONTENT_HASH = "blake2b-128 of the row's content (NFKC, case folded, whitespace collapsed)"
+# A sample below this many effective task types (exp of the entropy of its task shares: 1.0 for
+# one task, k for k equal ones) is narrow: calibrated on one kind of text, a low-bit model loses
+# quality on the others (benchmarks/RESULTS.md, "Narrow calibration sets").
+NARROW_TASK_TYPES = 2.0
+RAW_TEXT = "text"   # tasks.infer_task's type for raw text rows (no request): generic text, not traffic
 
 
 def histogram_edges(max_len: int) -> list[int]:
@@ -100,6 +106,7 @@ def build_manifest(*, source: dict[str, Any], tokenizer_info: dict[str, Any], cf
             "sample": _histogram(np.asarray([len(ids) for ids in selection.ids], dtype=np.int64),
                                  hist_edges),
         },
+        "task_coverage": task_coverage(pool, selection),
         "languages": {
             "source": _sorted_counts(pool.languages),
             "sample": _sorted_counts([pool.languages[i] for i in picked]),
@@ -123,9 +130,51 @@ def _marginal(source: list[str], copies: list[int], sample: list[str],
              "selected": smp[k], "sample_share": _share(smp[k], len(sample))} for k in keys]
 
 
+def effective_task_types(counts: Iterable[int]) -> float:
+    """exp of the Shannon entropy of the shares ``counts`` make: how many equally used task types
+    a mix is worth.
+
+    >>> effective_task_types([128]), effective_task_types([64, 64]), round(effective_task_types([120, 8]), 3)
+    (1.0, 2.0, 1.26)
+    """
+    counts = [c for c in counts if c > 0]
+    total = sum(counts)
+    return math.exp(-sum(c / total * math.log(c / total) for c in counts)) if total else 0.0
+
+
+def narrow_warning(tasks: list[str], raw_text: list[bool]) -> str | None:
+    """The warning for a sample of few task types (``tasks``: each sample row's task type;
+    ``raw_text``: whether a row is raw text whose type was inferred), or None. A sample of raw
+    text only is generic text the user chose, not a narrow cut of traffic: no warning."""
+    if not tasks or all(raw_text):
+        return None
+    counts = Counter(tasks)
+    effective = effective_task_types(counts.values())
+    if effective >= NARROW_TASK_TYPES:
+        return None
+    shown = ", ".join(f"{t} {n}" for t, n in counts.most_common())
+    types = "task type" if len(counts) == 1 else "task types"
+    return (f"narrow calibration set: the sample covers {len(counts)} {types} ({shown}), "
+            f"{effective:.2f} effective (< {NARROW_TASK_TYPES:g}); calibrated on one kind of text, a low-bit model "
+            "can lose quality on every other kind it serves: add traffic of its other tasks, and check the "
+            "verdict on their slices (--calib)")
+
+
+def task_coverage(pool: Pool, selection: Selection) -> dict[str, Any]:
+    """How many task types the sample holds, effective and of the log's."""
+    picked = [pool.tasks[i] for i in selection.indices]
+    return {"task_types": len(set(picked)), "log_task_types": len(set(pool.tasks)),
+            "effective_task_types": round(effective_task_types(Counter(picked).values()), 3),
+            "narrow_below": NARROW_TASK_TYPES}
+
+
 def coverage_warnings(pool: Pool, selection: Selection, cfg: SamplerConfig) -> list[str]:
-    """Thin cells (few source rows), cells left out, and a set smaller than asked."""
-    out = []
+    """A sample of few task types, thin cells (few source rows), cells left out, and a set
+    smaller than asked."""
+    narrow = narrow_warning([pool.tasks[i] for i in selection.indices],
+                            [pool.tasks[i] == RAW_TEXT and pool.task_from[i] == "inferred"
+                             for i in selection.indices])
+    out = [narrow] if narrow else []
     traffic, total = pool.cell_traffic(), max(int(pool.traffic.sum()), 1)
     for c, ix in pool.cells().items():
         if len(ix) < cfg.warn_below_rows:

@@ -42,6 +42,8 @@ WORDS = Catalog({
                "min_per_cell {min_per_cell}"),
     "task_types": ("task types: {tasks} (distinct rows)", "任务类型：{tasks}（不重复行）"),
     "languages": ("languages: source {source}; sample {sample}", "语言：来源 {source}；样本 {sample}"),
+    "task_coverage": ("task types in the sample: {k} of the log's {n}, {effective} effective (narrow below {min})",
+                      "样本中的任务类型：日志 {n} 种中的 {k} 种，有效任务类型数 {effective}（低于 {min} 为过窄）"),
     # table labels
     "count": ("count", "计数项"), "value": ("value", "数值"), "reason": ("reason", "原因"),
     "times": ("count", "次数"), "first_lines": ("first lines", "最先出现的行号"),
@@ -79,12 +81,22 @@ WORDS = Catalog({
                      "其余名额分给了其他单元"),
     "warn_missing": ("cell {task} x {bucket}: not represented (num_samples too small for all cells)",
                      "单元 {task} × {bucket}：未被抽到（num_samples 太小，不足以覆盖所有单元）"),
+    "warn_narrow": ("narrow calibration set: the sample covers {k} task {types} ({tasks}), {effective} effective "
+                    "(< {min}); calibrated on one kind of text, a low-bit model can lose quality on every other "
+                    "kind it serves: add traffic of its other tasks, and check the verdict on their slices (--calib)",
+                    "校准集过窄：样本只覆盖 {k} 种任务类型（{tasks}），有效任务类型数 {effective}（低于 {min}）；"
+                    "只用一类文本校准，低位宽模型在它服务的其他各类文本上都可能变差：请加入其他任务的流量，"
+                    "并检查这些任务的切片的结论（--calib）"),
     "warn_short": ("selected {n} samples, fewer than the {asked} asked: the log has no more distinct rows",
                    "选中 {n} 条样本，少于要求的 {asked} 条：日志中没有更多不重复行"),
 })
 
 # the coverage warnings as manifest.py writes them (report.json keeps them in English) -> their message id
 _WARNINGS = (
+    (re.compile(r"narrow calibration set: the sample covers (?P<k>\d+) task (?P<types>types?) \((?P<tasks>.*)\), "
+                r"(?P<effective>[\d.]+) effective \(< (?P<min>[\d.]+)\); calibrated on one kind of text, a low-bit "
+                r"model can lose quality on every other kind it serves: add traffic of its other tasks, and check "
+                r"the verdict on their slices \(--calib\)"), "warn_narrow"),
     (re.compile(r"cell (?P<task>.+) x (?P<bucket>\S+): only (?P<n>\d+) distinct rows \(< (?P<min>\d+)\); "
                 r"collect more traffic of this kind"), "warn_thin"),
     (re.compile(r"cell (?P<task>.+) x (?P<bucket>\S+): all (?P<n>\d+) distinct rows drawn, its traffic share "
@@ -114,10 +126,10 @@ _CELL_COLUMNS = ("task", "bucket", "traffic_rows", "traffic_share", "distinct_ro
 
 def report_json(manifest: dict[str, Any]) -> dict[str, Any]:
     keys = ("source", "counts", "malformed", "task_source", "tasks", "buckets", "cells",
-            "length_histogram", "languages", "warnings")
+            "length_histogram", "task_coverage", "languages", "warnings")
     out = {"format": REPORT_FORMAT, "version": REPORT_VERSION, "policy": manifest["config"]["policy"],
            "seed": manifest["config"]["seed"], "max_len": manifest["config"]["max_len"]}
-    out.update({k: manifest[k] for k in keys})
+    out.update({k: manifest.get(k) for k in keys})   # task_coverage: none in manifests written before it
     out["figures"] = figure_series(manifest)
     return out
 
@@ -134,13 +146,17 @@ def _summary_lines(manifest: dict[str, Any], code: Callable[[object], str],
                    text: Callable[[object], str], w) -> list[str]:
     """The report's opening lines; the user's names and paths through ``code`` (shown verbatim)
     and everything else through ``text``: each format's escaping."""
-    src, cfg = manifest["source"], manifest["config"]
-    return [w("source", name=code(src["name"]), format=text(src["format"]), sha=code(src["sha256"][:16])),
+    src, cfg, cover = manifest["source"], manifest["config"], manifest.get("task_coverage")
+    lines = [w("source", name=code(src["name"]), format=text(src["format"]), sha=code(src["sha256"][:16])),
             w("tokenizer", name=code(manifest["tokenizer"]["name_or_path"])),
             text(w("policy", **{k: cfg[k] for k in ("policy", "seed", "num_samples", "max_len", "min_per_cell")})),
             text(w("task_types", tasks=_kv(manifest["task_source"]["source"], w))),
             text(w("languages", source=_kv(manifest["languages"]["source"], w),
                    sample=_kv(manifest["languages"]["sample"], w)))]
+    if cover:
+        lines.append(text(w("task_coverage", k=cover["task_types"], n=cover["log_task_types"],
+                            effective=f"{cover['effective_task_types']:.2f}", min=f"{cover['narrow_below']:g}")))
+    return lines
 
 
 def _html_text(value: object) -> str:

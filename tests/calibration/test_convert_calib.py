@@ -70,3 +70,20 @@ def test_cli_calibrate_then_convert_fp8_static(tiny_model, tokenizer, tmp_path):
     linears = 2 * 7  # q k v o gate up down per layer
     assert len(scales) == linears and all(v > 0 for v in scales.values())
     assert scales != _input_scales(outs["log"])  # another calibration set gives other scales
+
+
+def test_a_narrow_log_is_warned_in_the_conversion_log(tiny_model, default_rows, tmp_path):
+    """A one-task log: the coverage report's narrow-set warning is a `warning:` line of the
+    conversion and is kept in quantization_log.json."""
+    from quantkit.cli import app
+
+    log = tmp_path / "classification.jsonl"
+    log.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in default_rows
+                           if r["task"] == "classification"), encoding="utf-8")
+    out = tmp_path / "fp8-narrow"
+    res = CliRunner().invoke(app, ["convert", str(tiny_model), "--recipe", "fp8", "--calib", str(log), "--num-samples",
+                                   str(N), "--max-seq-len", str(LEN), "--out", str(out), "--no-eval"])
+    assert res.exit_code == 0, res.output
+    warned = [line for line in res.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warned) == 1 and "narrow calibration set: the sample covers 1 task type (classification 12)" in warned[0]
+    assert json.loads((out / "quantization_log.json").read_text())["warnings"] == [warned[0].removeprefix("warning: ")]
