@@ -69,7 +69,7 @@ def token_cost(args) -> dict:
     """What each model runs on the business slices, in tokens, with the earlier sizes and now: the
     teacher-forced rows, the 8 generation prompts (and their 32 tokens) and the label pass (each
     label row's prompt twice: its greedy reply, then the baseline's reply forced). No model runs."""
-    from quantkit.evaluation.api import _generation_prompts, _scored_budget
+    from quantkit.evaluation.slice_scoring import generation_prompts, scored_budget
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.checkpoint import load_tokenizer
     from quantkit.evaluation.forced import encode_text
@@ -85,11 +85,11 @@ def token_cost(args) -> dict:
         for s in read_business(ROOT / "calibration" / "default.jsonl", tok, opts.business_rows).slices:
             texts = s.items[:opts.business_rows]
             encoded = [encode_text(tok, it, opts.business_tokens) for it in texts]
-            texts, encoded = _scored_budget(texts, encoded, opts.business_scored_tokens)
-            gen = _generation_prompts(tok, texts, encoded, opts.prompt_tokens, opts.business_prompt_tokens)
+            texts, encoded = scored_budget(texts, encoded, opts.business_scored_tokens)
+            gen = generation_prompts(tok, texts, encoded, opts.prompt_tokens, opts.business_prompt_tokens)
             n = sum(len(e.ids) for e in encoded) + sum(len(p) + opts.gen_tokens for p in gen[:opts.gen_prompts])
             if labels and s.label_replies:
-                prompts = _generation_prompts(tok, texts[:LABEL_ROWS], encoded, 0, opts.business_prompt_tokens)
+                prompts = generation_prompts(tok, texts[:LABEL_ROWS], encoded, 0, opts.business_prompt_tokens)
                 n += sum(2 * (len(p) + LABEL_GEN_TOKENS) for p in prompts)
             per[s.name] = {"rows": len(texts), "tokens_run": n}
         out[name] = {"tokens_run": sum(v["tokens_run"] for v in per.values()), "slices": per}

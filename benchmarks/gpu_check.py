@@ -197,7 +197,7 @@ def stage_eval(out: Path, dry: bool) -> int:
 
 def _eval(out: Path, dry: bool, work: Path) -> int:
     import quantkit
-    from quantkit.evaluation.cli import evaluate_paths
+    from quantkit.workflows.evaluate import evaluate_paths
     from quantkit.evaluation.report import markdown
     from quantkit.kernels import select_backend
     from quantkit.inputs.models import default_model_dir

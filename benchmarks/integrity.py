@@ -75,7 +75,7 @@ def recipe_with(name: str, num_samples: int | None) -> str | dict:
 def check_one(base: Path, recipe: str, out_dir: Path, keep: bool, num_samples: int | None = None) -> dict:
     import quantkit
     from quantkit.errors import QuantkitError
-    from quantkit.evaluation.api import flagged_measures
+    from quantkit.evaluation.eval_result import flagged_measures
     from quantkit.evaluation.integrity import check_checkpoint
     from quantkit.evaluation.verdict import Thresholds, decide
 

@@ -44,6 +44,7 @@ def main() -> None:
     import torch
 
     import quantkit
+    import quantkit.api
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
     from quantkit.recipe import load_recipe
@@ -67,7 +68,7 @@ def main() -> None:
     else:
         c0 = time.process_time()
         tokens = {} if args.tokens is None else {"tokens": args.tokens}
-        sens = quantkit.workflows.convert.sensitivity(folder, recipe, options=SearchOptions(**tokens), log=say)
+        sens = quantkit.api.sensitivity(folder, recipe, options=SearchOptions(**tokens), log=say)
         out["search_cpu_s"] = time.process_time() - c0
         if args.save_sensitivity:
             sens.save(args.save_sensitivity)

@@ -39,7 +39,7 @@ def model_dir(name: str):
 
 def disjoint_samples(folder, args, saved) -> tuple[list[list[int]], dict]:
     """The recipe's calibration samples less the texts ``saved``'s exact KL was measured on."""
-    from quantkit.workflows.convert import resolve_calibration, resolve_model
+    from quantkit.workflows.model_inputs import resolve_calibration, resolve_model
     from quantkit.recipe import load_recipe
     from quantkit.sensitivity.search import subset
 
@@ -78,6 +78,7 @@ def main() -> None:
     import torch
 
     import quantkit
+    import quantkit.api
     from quantkit.sensitivity import SearchOptions, Sensitivity
     from quantkit.sensitivity.search import agreement
 
@@ -93,7 +94,7 @@ def main() -> None:
         for labels in args.labels.split(","):
             options = SearchOptions(tokens=tokens, labels=labels, exact_units=args.exact_units if first is None else 0,
                                     exact_candidates=args.exact_candidates.split(","), exact_tokens=args.exact_tokens)
-            s = quantkit.workflows.convert.sensitivity(folder, args.recipe, calibration, options=options,
+            s = quantkit.api.sensitivity(folder, args.recipe, calibration, options=options,
                                          log=lambda m: print(m, file=sys.stderr))
             if first is None:
                 first = s

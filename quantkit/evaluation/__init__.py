@@ -11,10 +11,10 @@ from quantkit.evaluation.verdict import Thresholds, Verdict, decide
 
 # The rest is imported when first used (PEP 562): the command line registers this package's
 # commands without loading transformers, which only a running evaluation needs.
-_LAZY = {"EvalConfig": ".api", "EvalResult": ".api", "evaluate": ".api", "evaluate_checkpoint": ".cli", "evaluate_paths": ".cli",
+_LAZY = {"EvalConfig": ".api", "EvalResult": ".eval_result", "evaluate": ".api",
          "Slice": ".slices", "SuiteOptions": ".slices", "load_suite": ".slices"}
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
-__all__ = ["evaluate", "EvalConfig", "evaluate_paths", "evaluate_checkpoint", "EvalResult", "plan", "Footprint", "Slice", "SuiteOptions", "load_suite",
+__all__ = ["evaluate", "EvalConfig", "EvalResult", "plan", "Footprint", "Slice", "SuiteOptions", "load_suite",
            "Thresholds", "Verdict", "decide"]

@@ -15,122 +15,26 @@ from tqdm.auto import tqdm
 from quantkit.common import concurrency
 from quantkit.errors import QuantkitError
 
-from quantkit.evaluation.bootstrap import prompt_intervals, row_intervals
-from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredSlice, ScoringBackend
+from quantkit.evaluation.backends.base import ScoringBackend
 from quantkit.evaluation.backends.in_process import InProcessBackend
 from quantkit.evaluation.backends.served import SLICES_AT_ONCE, ServedModels, ServedPass
 from quantkit.evaluation.business import BusinessRows, business_meta, read_business
 from quantkit.evaluation.code_exec import using_runner
 from quantkit.evaluation.context import Reach, plan_reach
-from quantkit.evaluation.forced import ForcedRequest, View, encode_text
-from quantkit.evaluation.generation import prefix_agreement
-from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
+from quantkit.evaluation.forced import View
 from quantkit.evaluation.languages import LanguageGate, language_gate, model_folder
-from quantkit.evaluation.measures import measure_values
-from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner, SandboxUnavailable, code_runner
 from quantkit.evaluation.slices import Slice, SuiteOptions, load_suite
-from quantkit.evaluation.tasks import mc_summary
 from quantkit.evaluation.verdict import GO, RANK, REVIEW, Thresholds, Verdict, decide, insufficient, within_noise
-from quantkit.evaluation.report import save, to_json
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, lm_eval_measures, task_manager
-from quantkit.evaluation.text_window import context, token_text
 from quantkit.runtime.loader import model_fallbacks
+
+from quantkit.evaluation.eval_result import EvalResult, flagged_measures
+from quantkit.evaluation.slice_scoring import Measured, SliceRun, cap, measure_slice
 
 if TYPE_CHECKING:
     from quantkit.evaluation.integrity import IntegrityReport
 
-HIDDEN = "[business text hidden: pass --show-samples to include it]"
-# generation prompts per text: its openings of 1, 2 and 3 times SuiteOptions.prompt_tokens. A slice
-# holds a dozen texts or more, and greedy agreement over 8 prompts moved by 0.1 between two runs of
-# equally good 8-bit kernels (docs/evaluate.md, "Greedy agreement")
-GEN_OPENINGS = 3
-
-
-@dataclass
-class EvalResult:
-    """Everything a report shows. ``to_json()`` is the single source of the numbers."""
-    meta: dict
-    slices: dict[str, dict]                      # slice -> measure -> value
-    buckets: dict[str, list[dict]]               # long slices: KL by position bucket
-    examples: dict[str, list[dict]]              # worst examples of the slices that are not GO
-    verdict: Verdict
-    thresholds: Thresholds
-    footprint: dict | None = None
-    module_errors: dict[str, float] | None = None
-    public: dict[str, bool] = field(default_factory=dict)
-    languages: dict[str, str | None] = field(default_factory=dict)   # slice -> language
-    gate: LanguageGate = field(default_factory=LanguageGate)
-    lm_eval: dict[str, dict] = field(default_factory=dict)            # task -> metric -> base/cand/drop
-    integrity: dict | None = None                                     # integrity.IntegrityReport.to_dict()
-    warnings: list[str] = field(default_factory=list)                 # what was not measured, and why
-    # long slices: variant of the candidate (e.g. a KV-cache option) -> its KL by position and level
-    variants: dict[str, dict[str, dict]] = field(default_factory=dict)
-    # scored inside a serving engine: each server's settings, the KL estimator, what it did not measure
-    engine: dict | None = None
-
-    @property
-    def decision(self) -> str:
-        return self.verdict.decision
-
-    def to_json(self) -> dict:
-        return to_json(self)
-
-    def save(self, out_dir: str | Path, overwrite: bool = False, policy=None, lang: str = "en") -> Path:
-        """Write report.json, report.md and report.html into ``out_dir`` (atomically); an existing
-        report folder is replaced only with ``overwrite`` (``quantkit.common.outputs``). ``lang``
-        ("en" or "zh") is the language of report.md and report.html; report.json is the same in both."""
-        return save(self, Path(out_dir), policy, overwrite, lang)
-
-
-def _worst_text_examples(sl: Slice, encoded, forced, tokenizer, show: bool, k: int = 3) -> list[dict]:
-    ranked = sorted(zip(encoded, forced.items), key=lambda p: -(p[1].kl_sum / max(p[1].tokens, 1)))[:k]
-    out = []
-    for e, st in ranked:
-        if st.worst_pos < 0:
-            continue
-        ex = {"id": e.item_id, "kl_mean": st.kl_sum / max(st.tokens, 1), "worst_token_kl": st.worst_kl,
-              "position": st.worst_pos}
-        if sl.public or show:
-            ex["context"] = context(tokenizer.decode, e.ids, max(0, st.worst_pos - 24), st.worst_pos)
-            ex["token"] = token_text(tokenizer.decode, e.ids, st.worst_pos)
-        else:
-            ex["context"] = HIDDEN
-        out.append(ex)
-    return out
-
-
-def cap(xs: list, n: int | None) -> list:
-    return xs[:n] if n is not None else xs
-
-
-def _scored_budget(items: list[dict], encoded, budget: int | None):
-    """The first rows whose scored tokens reach ``budget`` (all of them when None or short of it)."""
-    if budget is None:
-        return items, encoded
-    total = 0
-    for k, e in enumerate(encoded):
-        total += sum(e.scored[1:]) if e.scored is not None else len(e.ids) - 1  # token 0 is never predicted
-        if total >= budget:
-            return items[:k + 1], encoded[:k + 1]
-    return items, encoded
-
-
-def _generation_prompts(tokenizer, items: list[dict], encoded, prompt_tokens: int, limit: int) -> list[list[int]]:
-    """Texts' openings of ``prompt_tokens``, then of twice and three times as many (the first
-    opening of every text comes first); a business row's own prompt (what its reply is generated
-    from, through the chat template: business.py), its last ``limit`` tokens."""
-    rows, openings = [], [[] for _ in range(GEN_OPENINGS)]
-    for it, e in zip(items, encoded):
-        if it.get("gen_prompt"):
-            ids = encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]
-            if len(ids) >= 8:
-                rows.append(ids)
-            continue
-        for j, out in enumerate(openings):
-            if len(e.ids) >= (j + 1) * prompt_tokens + 8:
-                out.append(e.ids[:(j + 1) * prompt_tokens])
-    return rows + [p for out in openings for p in out]
 
 
 @dataclass
@@ -176,138 +80,6 @@ class EvalConfig:
             raise QuantkitError(f"evaluate: options: expected a SuiteOptions, got {type(self.options).__name__}")
         if not isinstance(self.thresholds, Thresholds):
             self.thresholds = Thresholds.from_dict(self.thresholds)
-
-
-@dataclass
-class _Measured:
-    """What one slice gave: its measures, KL by position, worst examples, the variants' results."""
-    values: dict = field(default_factory=dict)
-    buckets: list = field(default_factory=list)
-    examples: list = field(default_factory=list)
-    variants: dict = field(default_factory=dict)
-    warnings: list = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class _SliceRun:
-    """What every slice is measured with."""
-    tokenizer: object
-    max_len: int
-    options: SuiteOptions
-    show: bool
-    runner: Runner | None
-    reach: Reach
-    variants: Mapping[str, View]
-
-
-def _measure_slice(sl: Slice, backend: ScoringBackend, run: _SliceRun, bar, at_once: int = 1) -> _Measured:
-    """Score ``sl`` through ``backend``: the figures each part gives, then every registered measure.
-    With ``at_once`` > 1 its texts and its tasks (independent calls) are scored at the same time."""
-    out, tasks, scored = _Measured(), _Measured(), ScoredSlice()
-
-    def texts() -> None:
-        scored_texts = _score_texts(sl, backend, run, scored, out)
-        if sl.label_replies:
-            _score_labels(scored_texts, sl.label_replies, backend, run, scored, out)
-        bar.update(1)
-
-    # the calls still running after an error end with their server (ServedModel.close)
-    concurrency.at_once([texts, lambda: _score_tasks(sl, backend, run, scored, tasks)], at_once, "quantkit-slice")
-    out.values.update(tasks.values)
-    out.examples += tasks.examples
-    out.values.update(measure_values(scored))
-    out.values.update(prompt_intervals(scored))
-    return out
-
-
-def _score_texts(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice,
-                 out: _Measured) -> list[dict]:
-    """The teacher-forced pass and greedy generation over the slice's texts; the texts scored."""
-    opt, tokenizer = run.options, run.tokenizer
-    texts = cap(sl.of_kind("text"), opt.text_items if sl.public else opt.business_rows)
-    if not texts:
-        return []
-    window = run.reach.window if sl.long_context else run.max_len
-    limit = window if sl.long_context else min(opt.item_tokens if sl.public else opt.business_tokens, run.max_len)
-    encoded = [encode_text(tokenizer, it, limit) for it in texts]
-    if not sl.public:
-        texts, encoded = _scored_budget(texts, encoded, opt.business_scored_tokens)
-        out.values.update(rows=len(texts), rows_without_reply=sum(not it.get("reply", True) for it in texts))
-    request = ForcedRequest(window, opt.batch_tokens, bucket_positions=sl.long_context)
-    scored.forced = forced = backend.teacher_forced(encoded, request, run.variants if sl.long_context else None)
-    out.values.update(forced.figures())
-    if not sl.public:   # business slices: how far their measures could move with other rows
-        out.values.update(row_intervals(forced.items))
-    out.buckets, out.variants = forced.buckets, forced.views
-    if sl.long_context:
-        full = [len(tokenizer(it["text"], add_special_tokens=True)["input_ids"]) for it in texts]
-        out.warnings += run.reach.record(sl.name, full, forced.deepest)
-    out.examples += _worst_text_examples(sl, encoded, forced, tokenizer, run.show)
-    if not sl.long_context and opt.gen_prompts:
-        prompts = _generation_prompts(tokenizer, texts, encoded, opt.prompt_tokens,
-                                      min(limit, opt.business_prompt_tokens))
-        scored.generations = backend.continuations(prompts[:opt.gen_prompts], opt.gen_tokens, opt.gen_batch)
-        out.examples += _worst_generation(sl, scored.generations, tokenizer, run.show)
-    return texts
-
-
-def _score_labels(texts: list[dict], labels: tuple[str, ...], backend: ScoringBackend, run: _SliceRun,
-                  scored: ScoredSlice, out: _Measured) -> None:
-    """A label slice's rows (labels.py), from their own prompts: both models' greedy replies and
-    their probabilities of the baseline's."""
-    opt, tokenizer = run.options, run.tokenizer
-    limit = min(opt.business_prompt_tokens, run.max_len - LABEL_GEN_TOKENS)
-    prompts = [p for it in texts if it.get("gen_prompt")
-               for p in [encode_text(tokenizer, {"id": "", "text": it["gen_prompt"]}, 10**9).ids[-limit:]] if p]
-    prompts = prompts[:LABEL_ROWS]
-    if not prompts:
-        return
-    scored.labels = label_runs(backend, prompts, tokenizer.decode, labels, tokenizer.eos_token_id,
-                               ForcedRequest(run.max_len, opt.batch_tokens), opt.gen_batch)
-    pb, pc = label_probabilities(scored)
-    out.values.update(label_rows=len(labelled(scored)), label_prob_base=pb, label_prob_cand=pc)
-
-
-def _worst_generation(sl: Slice, generations: list[Continuation], tokenizer, show: bool) -> list[dict]:
-    """The prompt whose continuations agree least, unless every one agrees to the end."""
-    if not generations:
-        return []
-    agreement, worst = min(((prefix_agreement(c.base, c.cand, c.n_tokens), c) for c in generations),
-                           key=lambda p: p[0])
-    if agreement >= 1.0:
-        return []
-    # a reply cut after N tokens may end inside a character: whole characters only
-    shown = ({k: context(tokenizer.decode, ids, 0, len(ids))
-              for k, ids in (("prompt", worst.prompt), ("baseline", worst.base), ("candidate", worst.cand))}
-             if sl.public or show else {"prompt": HIDDEN})
-    return [{"id": "generation", "agreement": agreement, **shown}]
-
-
-def _score_tasks(sl: Slice, backend: ScoringBackend, run: _SliceRun, scored: ScoredSlice, out: _Measured) -> None:
-    opt = run.options
-    mcs = cap(sl.of_kind("mc"), opt.mc_items)
-    if mcs:
-        scored.choices = c = backend.multiple_choice(mcs)
-        out.values.update(mc_summary(mcs, c.base, c.cand))
-    ext = cap(sl.of_kind("extract"), opt.extract_items)
-    if ext:
-        scored.extraction = r = backend.extraction(ext, opt.extract_tokens, opt.gen_batch)
-        fb, fc = r.means("f1")
-        out.values.update({"extract_items": len(ext), "extract_f1_base": fb, "extract_f1_cand": fc})
-        lost = sorted(zip(ext, r.base, r.cand), key=lambda t: t[2]["f1"] - t[1]["f1"])[:2]
-        out.examples += [{"id": it["id"], "f1_base": a["f1"], "f1_cand": b["f1"],
-                          **({"prompt": it["prompt"], "baseline": a["output"], "candidate": b["output"]}
-                             if sl.public or run.show else {"prompt": HIDDEN})}
-                         for it, a, b in lost if b["f1"] < a["f1"]]
-    code = cap(sl.of_kind("code"), opt.code_items)
-    if code and run.runner is not None:   # without a runner the caller records why they were skipped
-        scored.code = r = backend.code(code, CodeRequest(opt.code_tokens, opt.gen_batch, opt.code_timeout_s,
-                                                         run.runner))
-        pb, pc = r.means("passed")
-        out.values.update({"code_problems": len(code), "code_pass_base": pb, "code_pass_cand": pc})
-        out.examples += [{"id": a["id"], "baseline_status": a["status"], "candidate_status": b["status"],
-                          "candidate": b["completion"]} for a, b in zip(r.base, r.cand)
-                         if a["passed"] and not b["passed"]][:2]
 
 
 def evaluate(baseline, candidate, tokenizer, config: EvalConfig | None = None, **fields) -> EvalResult:
@@ -359,10 +131,7 @@ def evaluate(baseline, candidate, tokenizer, config: EvalConfig | None = None, *
     verdict = _judge(measures, cfg, setup, suite)
     # CPU seconds beside wall seconds: on a shared machine the wall clock mostly measures the others
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
-    return EvalResult(_meta(cfg, setup, suite), suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds,
-                      cfg.footprint, cfg.module_errors, {s.name: s.public for s in setup.slices},
-                      {s.name: s.language for s in setup.slices}, setup.gate, lm,
-                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, suite.by_variant)
+    return _result(cfg, setup, suite, verdict, lm_eval=lm, variants=suite.by_variant)
 
 
 def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None = None, **fields) -> EvalResult:
@@ -401,11 +170,7 @@ def evaluate_served(served: ServedModels, tokenizer, config: EvalConfig | None =
         _warn_fallbacks(setup, path.model)
     verdict = _judge(measures, cfg, setup, suite)
     suite.seconds_total, suite.cpu_total = time.perf_counter() - t0, time.process_time() - c0
-    return EvalResult(_meta(cfg, setup, suite), suite.values, suite.buckets, suite.examples, verdict, cfg.thresholds,
-                      cfg.footprint, cfg.module_errors, {s.name: s.public for s in setup.slices},
-                      {s.name: s.language for s in setup.slices}, setup.gate, {},
-                      None if cfg.integrity is None else cfg.integrity.to_dict(), setup.warnings, {},
-                      engine={**served.settings(), "not_measured": served.not_measured()})
+    return _result(cfg, setup, suite, verdict, engine={**served.settings(), "not_measured": served.not_measured()})
 
 
 @dataclass
@@ -471,7 +236,7 @@ def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Se
                  at_once: int = 1) -> _Suite:
     """Every slice measured through ``backend``, ``at_once`` slices at a time (a served backend:
     see ``SLICES_AT_ONCE``); results are kept in the suite's order either way."""
-    run = _SliceRun(tokenizer, min(setup.reach.max_len, setup.reach.window), cfg.options, cfg.show_samples, setup.runner, setup.reach,
+    run = SliceRun(tokenizer, min(setup.reach.max_len, setup.reach.window), cfg.options, cfg.show_samples, setup.runner, setup.reach,
                     cfg.variants or {})
     out = _Suite()
     with tqdm(total=len(setup.slices) * 2, desc=desc, disable=not cfg.progress, unit="step") as bar:
@@ -491,15 +256,15 @@ def _score_suite(backend: ScoringBackend, tokenizer, cfg: EvalConfig, setup: _Se
     return out
 
 
-def _measured(slices: list[Slice], backend: ScoringBackend, run: _SliceRun, bar,
-              at_once: int) -> list[tuple[_Measured, float, float | None]]:
+def _measured(slices: list[Slice], backend: ScoringBackend, run: SliceRun, bar,
+              at_once: int) -> list[tuple[Measured, float, float | None]]:
     """Per slice, in order: what it gave, its wall seconds and its CPU seconds. Slices measured
     together overlap in time and share this process's CPU: their CPU seconds are not told apart."""
-    def timed(sl: Slice) -> tuple[_Measured, float, float | None]:
+    def timed(sl: Slice) -> tuple[Measured, float, float | None]:
         ts, cs = time.perf_counter(), time.process_time()
         if at_once == 1:
             bar.set_postfix_str(sl.name)
-        got = _measure_slice(sl, backend, run, bar, at_once)
+        got = measure_slice(sl, backend, run, bar, at_once)
         bar.update(1)
         return got, time.perf_counter() - ts, time.process_time() - cs if at_once == 1 else None
 
@@ -545,6 +310,17 @@ def _judge(measures: dict[str, dict], cfg: EvalConfig, setup: _Setup, suite: _Su
     return verdict
 
 
+def _result(cfg: EvalConfig, setup: _Setup, suite: _Suite, verdict: Verdict, **measured) -> EvalResult:
+    """The result of a scored suite; ``measured``: what one path adds (lm-eval tasks and KV
+    variants in process, the servers' settings in an engine)."""
+    return EvalResult(meta=_meta(cfg, setup, suite), slices=suite.values, buckets=suite.buckets,
+                      examples=suite.examples, verdict=verdict, thresholds=cfg.thresholds, footprint=cfg.footprint,
+                      module_errors=cfg.module_errors, public={s.name: s.public for s in setup.slices},
+                      languages={s.name: s.language for s in setup.slices}, gate=setup.gate,
+                      integrity=None if cfg.integrity is None else cfg.integrity.to_dict(), warnings=setup.warnings,
+                      **measured)
+
+
 def _meta(cfg: EvalConfig, setup: _Setup, suite: _Suite) -> dict:
     reach = setup.reach
     return {"max_len": reach.max_len, "max_len_source": reach.source, "long_context": reach.to_dict(),
@@ -580,17 +356,3 @@ def open_code_runner(slices: list[Slice], opt: SuiteOptions, unsafe: bool,
                             f"({e}); --unsafe-code-exec runs them without one"]
 
 
-def flagged_measures(integrity, thresholds: Thresholds) -> dict[str, dict]:
-    """The integrity measures of the modules and tensors past a limit (the others stay out of the verdict)."""
-    return {name: values for name, values in integrity.measures().items()
-            if any(lim.level(values[m]) != GO for m, lim in thresholds.for_slice(name).items() if m in values)}
-
-
-def integrity_only(integrity, thresholds: dict | Thresholds | None = None, meta: dict | None = None) -> EvalResult:
-    """The result for a checkpoint that cannot be served (a tensor missing, a wrong shape or dtype):
-    the integrity findings alone decide; no slice is measured."""
-    th = thresholds if isinstance(thresholds, Thresholds) else Thresholds.from_dict(thresholds)
-    verdict = decide(flagged_measures(integrity, th), th)
-    info = {"max_len": None, "suite": [], "seconds_total": integrity.seconds,
-            "slices_skipped": "the checkpoint cannot be served (see integrity): no slice was measured", **(meta or {})}
-    return EvalResult(info, {}, {}, {}, verdict, th, integrity=integrity.to_dict())

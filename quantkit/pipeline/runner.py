@@ -90,7 +90,7 @@ def run_pipeline(config, source, recipe: Recipe, samples: list[list[int]] | None
     """Quantize the model described by ``config`` whose tensors come from ``source`` into ``writer``.
 
     ``samples``: the calibration set as token ids (None for a recipe that takes none). The
-    recipe's config groups must fit the model (``api.check_modules``, before any work).
+    recipe's config groups must fit the model (``workflows.module_checks.check_modules``, before any work).
     """
     t0 = time.time()
     state = _open(config, source, recipe, samples, writer, options)

@@ -12,17 +12,21 @@ signal (``die_with_parent``), which it forwards to its ranks, and each rank sets
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
+from quantkit.common.distributed import free_port, launch_argv
 from quantkit.common.process import die_with_parent
 import psutil
 from quantkit.formats import staging
 
 #: Seconds the processes get between SIGTERM (rank 0 removes its staging folder) and SIGKILL.
 STOP_GRACE_SECONDS = 5.0
-
 
 
 def stop_tree(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
@@ -104,3 +108,25 @@ def _made_since(folder: Path, since: float) -> bool:
         return folder.stat().st_ctime >= since - 1.0   # file-system time stamps are coarse
     except OSError:
         return False
+
+
+def relaunch_on_ranks(nproc: int, args: list[str], out: Path) -> int:
+    """Run ``quantkit ARGS`` under torchrun on ``nproc`` local ranks; its exit status.
+
+    No process of the run outlives this one (``run_ranks``), and no staging folder for ``out``
+    that a stopped rank left behind."""
+
+    # torchrun's logs and the ranks' temporary files (a rank other than 0 records its layers in a
+    # private folder) live in one folder of the run's, removed however the run ends: a rank
+    # stopped before it cleaned up leaves nothing in the user's temporary folder
+    started = time.time()
+    run = Path(tempfile.mkdtemp(prefix="quantkit-torchrun-"))
+    (run / "logs").mkdir()
+    (run / "tmp").mkdir()
+    env = dict(os.environ, TMPDIR=str(run / "tmp"))
+    env.setdefault("OMP_NUM_THREADS", "1")   # torchrun's own default for several ranks, without its warning
+    try:
+        return run_ranks([sys.executable, *launch_argv(nproc, args, free_port(), str(run / "logs"))], env)
+    finally:
+        remove_dead_staging(out, started)
+        shutil.rmtree(run, ignore_errors=True)

@@ -19,7 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
+from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.errors import QuantkitError
+from quantkit.loadtest import report
+from quantkit.loadtest.generator import run_step
 from quantkit.evaluation.checkpoint import load_tokenizer, resolve_dir
 from quantkit.loadtest.launch import launch_for
 from quantkit.loadtest.traffic import read_traffic
@@ -290,3 +293,35 @@ class LoadtestInterrupted(Exception):
     def __init__(self, data: dict, cause: BaseException) -> None:
         super().__init__(ramp_error(cause))
         self.data, self.cause = data, cause
+        self.written: Path | None = None     # the incomplete report, once written
+
+
+def loadtest_to_folder(opts: LoadtestOptions, lang: str, progress: Progress = _quiet) -> tuple[dict, Path]:
+    """``quantkit loadtest`` whole: the ramps run from a work folder removed however the run ends
+    (even killed outright: ``guarded``), the report written to ``opts.out`` in ``lang``. A ramp
+    that ends early raises ``LoadtestInterrupted`` with ``written`` set to its incomplete report
+    (None when no step completed)."""
+    policy = OutputPolicy("loadtest", {"traffic log": existing_path(opts.traffic), "model": existing_path(opts.model),
+                                       "baseline model": existing_path(opts.baseline)})
+    policy.check(opts.out, opts.overwrite)
+    with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir, guarded(Path(workdir)):
+        try:
+            data = loadtest(opts, step_runner(Path(workdir), opts.engine_python), progress)
+        except LoadtestInterrupted as e:
+            if any(r["steps"] for r in e.data["ramps"]):
+                e.written = report.save(e.data, opts.out, policy, opts.overwrite, lang)
+            raise
+    return data, report.save(data, opts.out, policy, opts.overwrite, lang)
+
+
+def step_runner(workdir: Path, python: Path | None = None):
+    """The load generator behind each step (loadtest/generator.py), for one endpoint; run from
+    ``python`` (``--engine-python``: with ``--endpoint`` too, the generator is vLLM's)."""
+    def runner_for(ep, model_dir):
+        def run(requests, concurrency, left):
+            r = run_step(ep.url, ep.model, requests, concurrency, timeout_s=left, workdir=workdir,
+                         tokenizer_dir=model_dir, python=python)
+            return r.timings, r.seconds, r.tool
+        return run
+    return runner_for
+

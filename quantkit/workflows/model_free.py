@@ -47,7 +47,8 @@ from quantkit.pipeline.memory import return_freed_memory
 from quantkit.pipeline.runner import PipelineResult, peak_rss_bytes
 from quantkit.quantizers.rtn import rtn_weight, shared_global_scale
 from quantkit.recipe import Recipe, load_recipe
-from quantkit.workflows.convert import QuantizedModel, base_model_name, conversion_inputs
+from quantkit.workflows.model_inputs import base_model_name, conversion_inputs
+from quantkit.workflows.quantized_model import QuantizedModel
 from quantkit.workflows.model_card import write_card
 from quantkit import __version__
 

@@ -24,12 +24,14 @@ from quantkit.errors import QuantkitError
 from quantkit.evaluation.verdict import GO
 from quantkit.common.jsonio import dumps_strict
 from quantkit.workflows import convert as api
+from quantkit.workflows.measure_sensitivity import sensitivity
 from quantkit.sensitivity.planner import plan
 from quantkit.sensitivity.search import SearchOptions
 from quantkit.sensitivity.data import Sensitivity
 
 if TYPE_CHECKING:
-    from quantkit.workflows.convert import ConvertOptions, QuantizedModel
+    from quantkit.workflows.convert import ConvertOptions
+    from quantkit.workflows.quantized_model import QuantizedModel
     from quantkit.recipe import Recipe
     from quantkit.sensitivity.data import Sensitivity
     from quantkit.config.mixed import SmallestGo
@@ -121,8 +123,9 @@ def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable
                 options: "ConvertOptions | None" = None) -> tuple["QuantizedModel | None", GoSearch]:
     """Search the smallest GO plan for ``recipe`` (whose ``mixed.smallest_go`` is set).
 
-    ``evaluate(checkpoint_folder) -> decision`` is the verdict (the CLI's: the recipe's eval
-    section, the report written into the checkpoint's ``eval/``). Returns the checkpoint of the
+    ``evaluate(checkpoint_folder) -> decision`` is the verdict (``convert_checkpoint``'s: the
+    recipe's eval section, the report written into the checkpoint's ``eval/``, the decision
+    returned as the evaluation's value). Returns the checkpoint of the
     smallest GO plan, unsaved (``.save(out)`` moves it into place), with ``smallest_go.json``
     inside, and the search; without a GO plan, the high end's checkpoint. ``options``: how each
     plan is converted (its ``workdir`` and ``log`` are this call's).
@@ -139,7 +142,7 @@ def smallest_go(model, recipe: "Recipe", calibration=None, *, evaluate: Callable
             sens = Sensitivity.load(sens_path)
         else:
             cands = None if m.candidates is None else [asdict(c) for c in m.candidates]
-            sens = api.sensitivity(model, recipe, calibration, candidates=cands,
+            sens = sensitivity(model, recipe, calibration, candidates=cands,
                                    options=SearchOptions(tokens=m.tokens, labels=m.labels), log=log)
             if m.method is not None:
                 sens.method = m.method

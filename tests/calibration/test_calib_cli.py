@@ -33,7 +33,7 @@ def test_two_processes_one_seed_identical_files(tmp_path, default_rows, tokenize
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path, tokenizer_dir):
-    from quantkit.calibration.cli import calibrate_command
+    from quantkit.cli.calibrate_command import calibrate_command
     import typer
 
     app = typer.Typer()

@@ -12,7 +12,7 @@ from browser import open_page, untranslated
 from typer.testing import CliRunner
 
 from quantkit.calibration import calibrate
-from quantkit.calibration.cli import calibrate_command
+from quantkit.cli.calibrate_command import calibrate_command
 
 
 @pytest.fixture(scope="module")

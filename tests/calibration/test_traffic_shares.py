@@ -105,7 +105,7 @@ def test_policy_key_is_checked_in_the_recipe_and_the_sampler():
 
 
 def test_recipe_policy_reaches_the_sampler(tmp_path, units, tokenizer, tokenizer_dir):
-    from quantkit.workflows.convert import resolve_calibration
+    from quantkit.workflows.model_inputs import resolve_calibration
     from quantkit.recipe import Recipe
 
     log = _log(tmp_path / "log.jsonl", units, 10, 4, 400)   # traffic 1:10: sqrt and balanced differ

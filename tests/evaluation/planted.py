@@ -10,7 +10,7 @@ from model_factory import make_outlier_llama_dir, random_ids
 from safetensors.torch import load_file, save_file
 
 import quantkit
-from quantkit.evaluation.api import flagged_measures
+from quantkit.evaluation.eval_result import flagged_measures
 from quantkit.evaluation.integrity import check_checkpoint
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
 

@@ -172,13 +172,13 @@ def test_rows_without_a_reply_score_their_turns_and_prompt_rows_their_completion
 
 
 def test_generation_starts_from_the_rows_own_prompt_cut_to_its_last_tokens(chat_tok):
-    from quantkit.evaluation.api import _generation_prompts
+    from quantkit.evaluation.slice_scoring import generation_prompts
 
     messages = [{"role": "user", "content": " ".join(_words(i, 12) for i in range(12))},
                 {"role": "assistant", "content": "Short reply."}]
     item = business_item(type("Row", (), {"line": 1, "shape": "chat"})(), {"messages": messages}, chat_tok)
     e = encode_text(chat_tok, item, 1024)
-    [prompt] = _generation_prompts(chat_tok, [item], [e], 32, 40)
+    [prompt] = generation_prompts(chat_tok, [item], [e], 32, 40)
     whole = chat_tok(item["gen_prompt"])["input_ids"]
     assert len(whole) > 40 and prompt == whole[-40:]
     assert chat_tok.decode(prompt).endswith("<|im_start|>assistant\n")   # the reply is what comes next

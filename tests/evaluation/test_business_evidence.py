@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from quantkit.errors import QuantkitError
 from quantkit.evaluation import evaluate
 from quantkit.evaluation.business import STOP_BUDGET, STOP_EXHAUSTED, STOP_ROW_CAP
-from quantkit.evaluation.cli import eval_command, evaluate_paths
+from quantkit.cli.eval_command import eval_command
+from quantkit.workflows.evaluate import evaluate_paths
 from quantkit.evaluation.section import check_eval_section
 from quantkit.evaluation.slices import SuiteOptions
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide, insufficient
@@ -145,7 +146,7 @@ def test_bad_size_flags_are_one_line_exit_2(tmp_path, flag, field):
 
 
 def test_the_flags_reach_the_suite_options():
-    from quantkit.evaluation.cli import PathsOptions, business_flags
+    from quantkit.workflows.evaluate import PathsOptions, business_flags
 
     got = business_flags(SuiteOptions(), PathsOptions(business_rows=300, business_scored_tokens=2048))
     assert (got.business_rows, got.business_scored_tokens) == (300, 2048)

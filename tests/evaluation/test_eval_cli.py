@@ -10,7 +10,8 @@ from tiny import TINY_THRESHOLDS
 from typer.testing import CliRunner
 
 import quantkit
-from quantkit.evaluation.cli import eval_command, evaluate_checkpoint
+from quantkit.cli.eval_command import eval_command
+from quantkit.workflows.evaluate import evaluate_checkpoint
 from quantkit.evaluation.verdict import DEFAULT_LIMITS
 from quantkit.recipe import load_recipe
 
@@ -66,15 +67,17 @@ def test_eval_command_puts_lm_eval_into_the_verdict(folders):
 
 
 def test_evaluate_checkpoint_uses_the_recipe_eval_section(folders):
-    out = evaluate_checkpoint(str(folders / "base"), folders / "w8a16", load_recipe(folders / "recipe.yaml"))
+    done = evaluate_checkpoint(str(folders / "base"), folders / "w8a16", load_recipe(folders / "recipe.yaml"))
+    out = done.folder
     assert out == folders / "w8a16" / "eval"
+    assert done.result.decision == json.loads((out / "report.json").read_text())["decision"]
     assert json.loads((out / "report.json").read_text())["meta"]["suite"] == ["numbers-en", "long-en"]
 
 
 def test_convert_lang_writes_the_evaluation_report_in_chinese(folders):
     # convert --lang zh: the model card and the evaluation convert runs are in one language
     out = evaluate_checkpoint(str(folders / "base"), folders / "w8a16", load_recipe(folders / "recipe.yaml"),
-                              lang="zh")
+                              lang="zh").folder
     assert json.loads((out / "report.json").read_text())["meta"]["lang"] == "zh"
     assert (out / "report.md").read_text().startswith("# quantkit 评估结论")
 
@@ -160,20 +163,20 @@ def test_convert_with_a_log_evaluates_its_tasks_without_the_drawn_rows(base, tmp
     q.save(tmp_path / "ckpt")
     drawn = json.loads((tmp_path / "ckpt" / "quantization_log.json").read_text())["calibration"]
     assert len(drawn["sample_content"]["selected"]) == 8 and "text" not in json.dumps(drawn)
-    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(log))
+    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(log)).folder
     data = json.loads((out / "report.json").read_text())
     assert "business:support" in data["slices"]
     counts = data["meta"]["business"]["tasks"]["support"]
     assert counts["rows"] == 40 and counts["in_calibration"] == 8
     # convert's own evaluation step puts the verdict into the checkpoint's model card
-    from quantkit.cli import _maybe_eval
-    _maybe_eval(str(model_dir), tmp_path / "ckpt", r, str(log))
+    from quantkit.workflows.convert_checkpoint import ConvertRequest, evaluate_written
+    evaluate_written(ConvertRequest(str(model_dir), calib=str(log)), tmp_path / "ckpt", r, print)
     card = (tmp_path / "ckpt" / "README.md").read_text()
     decision = json.loads((tmp_path / "ckpt" / "eval" / "report.json").read_text())["decision"]
     assert f"**{decision}**" in card and "| business:support |" in card
     assert "| Calibration | 8 samples" in card and "`traffic.jsonl` (jsonl" in card
     assert _conversation(0)[1]["content"] not in card   # the calibration text stays out
     # a sampler folder does not name its log: no business slices, and a line says how to add them
-    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(tmp_path))
+    out = evaluate_checkpoint(str(model_dir), tmp_path / "ckpt", r, str(tmp_path)).folder
     assert not any(k.startswith("business:") for k in json.loads((out / "report.json").read_text())["slices"])
     assert "no business slices from" in capsys.readouterr().out

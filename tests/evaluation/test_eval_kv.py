@@ -7,7 +7,7 @@ import test_eval_cli
 import typer
 from typer.testing import CliRunner
 
-from quantkit.evaluation.cli import eval_command
+from quantkit.cli.eval_command import eval_command
 
 folders = test_eval_cli.folders  # the fixture: tiny base, W8A16 checkpoint, recipe
 

@@ -11,7 +11,7 @@ from tiny import FAST, TINY_THRESHOLDS, _take
 from tiny import broken_past, fake_quant_linears
 
 from quantkit.evaluation import evaluate, load_suite
-from quantkit.evaluation.api import HIDDEN
+from quantkit.evaluation.slice_scoring import HIDDEN
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
 from quantkit.common.markdown import md_text

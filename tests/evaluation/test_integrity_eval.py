@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 import quantkit
 from model_factory import random_ids
-from quantkit.evaluation.cli import eval_command
+from quantkit.cli.eval_command import eval_command
 
 EVAL = {"suite": "numbers-en", "max_len": 256,
         "thresholds": {**TINY_THRESHOLDS, "focus_top1_agreement": {"review": 0.5, "nogo": 0.3}},

@@ -20,7 +20,7 @@ from moe_models import make_moe_dir
 from planted import doubled, plant, shuffled_run
 
 import quantkit
-from quantkit.evaluation.api import flagged_measures
+from quantkit.evaluation.eval_result import flagged_measures
 from quantkit.evaluation.integrity import check_checkpoint
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, Thresholds, decide
 

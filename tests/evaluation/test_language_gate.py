@@ -11,7 +11,8 @@ from tiny import FAST, TINY_THRESHOLDS, _take, non_ascii_scrambled
 
 import quantkit
 from quantkit.errors import QuantkitError
-from quantkit.evaluation import evaluate, evaluate_paths, load_suite
+from quantkit.evaluation import evaluate, load_suite
+from quantkit.workflows.evaluate import evaluate_paths
 from quantkit.evaluation.business import business_slices
 from quantkit.evaluation.languages import (LanguageGate, language_gate, model_card_languages,
                                            parse_languages, slice_language)
@@ -214,7 +215,7 @@ def test_eval_command_languages_option(folders, tmp_path):
     import typer
     from typer.testing import CliRunner
 
-    from quantkit.evaluation.cli import eval_command
+    from quantkit.cli.eval_command import eval_command
     app = typer.Typer()
     app.command()(eval_command)
     recipe = tmp_path / "r.yaml"

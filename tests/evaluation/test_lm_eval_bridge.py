@@ -80,6 +80,6 @@ def test_lm_eval_drop_levels_and_overrides(base, tok, monkeypatch, drop, thresho
 def test_unknown_task_fails_before_the_suite_runs(base, tok, monkeypatch):
     def no_suite(*a, **k):
         raise AssertionError("the suite ran before the task names were checked")
-    monkeypatch.setattr("quantkit.evaluation.api._measure_slice", no_suite)
+    monkeypatch.setattr("quantkit.evaluation.api.measure_slice", no_suite)
     with pytest.raises(QuantkitError, match="unknown lm-eval task 'hellaswag'"):
         evaluate(base, base, tok, suite=ONE_TEXT, lm_eval_tasks=["hellaswag"], progress=False)

@@ -45,7 +45,7 @@ def test_parse_bytes():
 
 
 def test_plan_cli(tmp_path):
-    from quantkit.evaluation.cli import plan_command
+    from quantkit.cli.plan_command import plan_command
     import typer
     app = typer.Typer()
     app.command()(plan_command)

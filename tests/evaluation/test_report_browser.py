@@ -14,7 +14,7 @@ from tiny import TINY_THRESHOLDS
 from typer.testing import CliRunner
 
 import quantkit
-from quantkit.evaluation.cli import eval_command
+from quantkit.cli.eval_command import eval_command
 from quantkit.evaluation.measures import MEASURES, table_columns
 from quantkit.evaluation.report import integrity_grid, short
 from quantkit.evaluation.report.content import VARIANT_COLUMNS

@@ -3,7 +3,8 @@ limit and margin, the per-layer spread of module errors, and the word catalogs."
 import pytest
 
 from quantkit.common.i18n import LANGUAGES, Catalog
-from quantkit.evaluation.report.content import gated_figures, headline_figures, layer_summary, short
+from quantkit.evaluation.report.content import layer_summary, short
+from quantkit.evaluation.report.gating import gated_figures, headline_figures
 from quantkit.evaluation.report.words import WORDS
 from quantkit.evaluation.verdict import decide
 

@@ -13,7 +13,8 @@ from recorded_report import main_job_card, main_job_data
 from report_html import parse
 
 from quantkit.evaluation.report import markdown, render_html, short
-from quantkit.evaluation.report.content import columns, gated_figures
+from quantkit.evaluation.report.content import columns
+from quantkit.evaluation.report.gating import gated_figures
 from quantkit.evaluation.report.words import WORDS
 
 LANGS = ("en", "zh")

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 
 import quantkit
 from quantkit.config.scheme import PRESETS
-from quantkit.evaluation.cli import _checkpoint_bits
+from quantkit.evaluation.footprint import checkpoint_bits
 from quantkit.serving.memory_account import FIXED_GROUPS, plan
 
 from model_factory import random_ids
@@ -137,6 +137,6 @@ def test_plan_names_the_checkpoint_format(tiny_fp4, preset):
     """The evaluation's deployment footprint reads an FP4 checkpoint as its format (4 bits, the
     format's own groups and 1-byte scales), not as FP8."""
     kind = SCHEMES[preset].split("-")[0]
-    assert _checkpoint_bits(tiny_fp4[preset]) == kind
+    assert checkpoint_bits(tiny_fp4[preset]) == kind
     # 2 layers x (q, o: 64 x 64; k, v: 32 x 64; gate, up, down: 128 x 64) weights, one scale byte a group
     assert plan(tiny_fp4[preset], weights=kind).scale_bytes == 2 * 36864 // FIXED_GROUPS[kind][0]

@@ -49,7 +49,7 @@ def test_checkpoint_follows_the_umask(model, tmp_path, umask):
 
 def test_eval_report_follows_the_umask(model, tmp_path, umask):
     import quantkit
-    from quantkit.evaluation.cli import evaluate_paths
+    from quantkit.workflows.evaluate import evaluate_paths
 
     ckpt = quantkit.quantize(str(model), "w8a16").save(tmp_path / "ckpt")
     options = {"text_items": 1, "mc_items": 1, "extract_items": 1, "code_items": 0, "gen_prompts": 0,

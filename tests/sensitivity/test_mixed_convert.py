@@ -133,7 +133,7 @@ def test_evaluation_report_of_a_mixed_checkpoint_shows_its_plan(converted, tmp_p
     import sys
     from pathlib import Path
 
-    from quantkit.evaluation.api import EvalResult
+    from quantkit.evaluation.eval_result import EvalResult
     from quantkit.evaluation.verdict import Thresholds, decide
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "evaluation"))

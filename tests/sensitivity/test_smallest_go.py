@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -12,6 +13,7 @@ import quantkit
 from quantkit.errors import QuantkitError
 from quantkit.recipe import load_recipe
 from quantkit.sensitivity.planner import Plan
+from quantkit.workflows import evaluate
 from quantkit.workflows.smallest_go import RESULT_FILE, Trial, bisect_go, smallest_go
 
 from model_factory import make_llama_dir, random_ids
@@ -92,6 +94,16 @@ def _invoke(args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def fake_evaluation(model, folder, recipe, calib=None, lang="en", say=print):
+    """The verdict by size, GO from 7 bits per planned weight, returned as a value; the report the
+    model card reads is written beside it."""
+    decision = "GO" if Plan.load(folder / "plan.json").bits_per_weight >= 7.0 else "NO-GO"
+    out = folder / "eval"
+    out.mkdir()
+    (out / "report.json").write_text(json.dumps({"decision": decision}))
+    return evaluate.Evaluated(SimpleNamespace(decision=decision, warnings=[], integrity=None), out)
+
+
 @pytest.mark.parametrize("flags, message", [(["--budget", "lots"], "--budget: expected bits per weight"),
                                             (["--budget", "go", "--no-eval"], "--budget go: needs the evaluation")])
 def test_cli_budget_flag_errors_are_one_line(text_model, tmp_path, flags, message):
@@ -103,16 +115,7 @@ def test_cli_budget_flag_errors_are_one_line(text_model, tmp_path, flags, messag
 
 
 def test_cli_budget_go_writes_the_smallest_go_plan_and_says_what_it_tried(text_model, tmp_path, monkeypatch):
-    import quantkit.evaluation as ev
-
-    def fake_report(model, folder, recipe, calib=None, lang="en"):   # the verdict by size: GO from 7 bits per planned weight
-        bits = Plan.load(folder / "plan.json").bits_per_weight
-        out = folder / "eval"
-        out.mkdir()
-        (out / "report.json").write_text(json.dumps({"decision": "GO" if bits >= 7.0 else "NO-GO"}))
-        return out
-
-    monkeypatch.setattr(ev, "evaluate_checkpoint", fake_report)
+    monkeypatch.setattr(evaluate, "evaluate_checkpoint", fake_evaluation)
     model, calib = text_model
     r = _invoke(["convert", model, "--recipe", "w4a16-g64", "--group-size", "32", "--budget", "go", "--calib", calib,
                  "--num-samples", "8", "--max-seq-len", "48", "--out", tmp_path / "out"])

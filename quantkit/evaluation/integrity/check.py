@@ -22,9 +22,7 @@ and the measures the verdict gates on (``verdict.DEFAULT_LIMITS``: ``recon_exces
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -34,16 +32,13 @@ import torch
 from torch import nn
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.compressed_tensors import (compress_module, decompress_module, parse_quantization_config,
-                                                 scheme_for, unpack_module_codes)
-from quantkit.formats.fp4 import compress_fp4_module
-from quantkit.numerics.e8m0 import exponent_to_scale
+from quantkit.formats.compressed_tensors import (parse_quantization_config,
+                                                 scheme_for)
 from quantkit.pipeline.rotated_source import recorded_rotation
-from quantkit.numerics.fp4 import FP4Weight
-from quantkit.numerics.primitives import FP8_DTYPE, dequantize
-from quantkit.config.scheme import QuantScheme, fp4_kind
+from quantkit.config.scheme import QuantScheme
 from quantkit.inputs.source import SafetensorsSource
-from quantkit.evaluation.integrity.figures import EXCESS_CAP_DB, reconstruction
+from quantkit.evaluation.integrity.module_check import (ConversionRecord, check_module, positive_finite, problem,
+                                                        quantizer_of, rel_error)
 from quantkit.evaluation.integrity.reference import Reference, read_quantization_log, unit_of
 from quantkit.pipeline import build_skeleton, residuals
 
@@ -83,10 +78,6 @@ class IntegrityReport:
                 "transformed": self.transformed, "notes": self.notes, "seconds": self.seconds}
 
 
-def _problem(text: str, layout: bool = False) -> dict:
-    return {"text": text, "layout": layout}
-
-
 def _read_config(folder: Path) -> dict:
     path = Path(folder) / "config.json"
     try:
@@ -100,184 +91,6 @@ def _check_same_model(base: dict, cand: dict, base_dir: Path, cand_dir: Path) ->
         if base.get(key) != cand.get(key):
             raise QuantkitError(f"{cand_dir / 'config.json'}: {key} {cand.get(key)!r} differs from the baseline's "
                                 f"{base.get(key)!r} ({base_dir / 'config.json'}): not a conversion of this baseline")
-
-
-# -- one quantized module ------------------------------------------------------------------------
-def expected_layout(scheme: QuantScheme, out: int, cols: int, bias: bool,
-                    scale_dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Tensor name -> (shape, dtype) that ``compress_module`` writes for this module."""
-    a = scheme.weights
-    if fp4_kind(a) is not None:
-        return _fp4_layout(scheme, out, cols, bias, scale_dtype)
-    shape = {"tensor": (1,), "channel": (out, 1), "group": (out, cols // (a.group_size or 1)),
-             "block": (out // (a.block_structure or (1, 1))[0], cols // (a.block_structure or (1, 1))[1])}[a.strategy]
-    meta = "meta"
-    q = torch.empty(out, cols, dtype=FP8_DTYPE if a.type == "float" else torch.int8, device=meta)
-    acts = scheme.input_activations
-    written = compress_module(
-        q, torch.empty(shape, dtype=scale_dtype, device=meta),
-        None if a.symmetric else torch.empty(shape, dtype=torch.int8, device=meta),
-        torch.empty(cols, dtype=torch.int32, device=meta) if a.actorder == "group" else None, scheme,
-        torch.empty(out, dtype=scale_dtype, device=meta) if bias else None,
-        torch.empty(1, dtype=scale_dtype, device=meta) if acts is not None and not acts.dynamic else None)
-    return {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
-
-
-def _fp4_layout(scheme: QuantScheme, out: int, cols: int, bias: bool, dtype: torch.dtype) -> dict:
-    """``expected_layout`` of the FP4 formats: their scale dtypes are the format's own."""
-    a, acts, meta = scheme.weights, scheme.input_activations, "meta"
-    one = torch.empty(1, dtype=torch.float32, device=meta)
-    w = FP4Weight(torch.empty(out, cols, dtype=torch.uint8, device=meta),
-                  torch.empty(out, cols // a.group_size, device=meta,
-                              dtype=torch.float8_e4m3fn if fp4_kind(a) == "nvfp4" else torch.uint8), one)
-    written = compress_fp4_module(w, scheme, torch.empty(out, dtype=dtype, device=meta) if bias else None,
-                                  one if acts is not None and acts.calibrated else None)
-    return {k: (tuple(t.shape), t.dtype) for k, t in written.items()}
-
-
-def _layout_problems(tensors: dict[str, torch.Tensor], layout: dict) -> list[dict]:
-    problems = []
-    for k, (shape, dtype) in layout.items():
-        t = tensors.get(k)
-        if t is None:
-            problems.append(_problem(f"{k} missing", layout=True))
-        elif tuple(t.shape) != shape:
-            problems.append(_problem(f"{k}: shape {list(t.shape)}, expected {list(shape)}", layout=True))
-        elif dtype.is_floating_point and k != "weight" and not t.dtype.is_floating_point:
-            problems.append(_problem(f"{k}: dtype {t.dtype}, expected a floating-point type", layout=True))
-        elif (k == "weight" or not dtype.is_floating_point) and t.dtype != dtype:
-            problems.append(_problem(f"{k}: dtype {t.dtype}, expected {dtype}", layout=True))
-    return problems
-
-
-def _float_scale(tensors: dict[str, torch.Tensor], args) -> torch.Tensor:
-    """The weight scales as numbers: MX checkpoints store E8M0 exponents, whose 255 (NaN in the
-    OCP MX format) decodes to an infinite scale and is reported as not finite."""
-    scale = tensors["weight_scale"]
-    return exponent_to_scale(scale) if args.is_mx else scale
-
-
-def _positive_finite(name: str, t: torch.Tensor) -> list[dict]:
-    t = t.float()
-    bad = int((~torch.isfinite(t)).sum())
-    out = [_problem(f"{name}: {bad} of {t.numel()} values not finite")] if bad else []
-    low = int((torch.isfinite(t) & (t <= 0)).sum())
-    if low:
-        out.append(_problem(f"{name}: {low} of {t.numel()} values zero or negative"))
-    return out
-
-
-def _value_problems(tensors: dict[str, torch.Tensor], scheme: QuantScheme, codes: torch.Tensor,
-                    zp: torch.Tensor | None, cols: int) -> list[dict]:
-    a = scheme.weights
-    problems = _positive_finite("weight_scale", _float_scale(tensors, a))
-    for name in ("weight_global_scale", "input_global_scale"):   # NVFP4's
-        if name in tensors:
-            problems += _positive_finite(name, tensors[name])
-    if "input_scale" in tensors:
-        problems += _positive_finite("input_scale", tensors["input_scale"])
-    if a.type == "float":
-        bad = int((~torch.isfinite(codes.float())).sum())
-        if bad:
-            problems.append(_problem(f"weight: {bad} codes are NaN (off the FP8 grid)"))
-    else:
-        for what, t in (("codes", codes), ("zero points", zp)):
-            if t is not None and t.numel() and (int(t.min()) < a.qmin or int(t.max()) > a.qmax):
-                problems.append(_problem(f"{what} outside [{a.qmin}, {a.qmax}]: {int(t.min())}..{int(t.max())}"))
-    g_idx = tensors.get("weight_g_idx")
-    if g_idx is not None:
-        n_groups = cols // a.group_size
-        counts = torch.bincount(g_idx.long().clamp(0, n_groups), minlength=n_groups + 1)
-        if int(g_idx.min()) < 0 or int(g_idx.max()) >= n_groups or bool((counts[:n_groups] != a.group_size).any()):
-            problems.append(_problem(f"weight_g_idx: not {n_groups} groups of {a.group_size} columns"))
-    return problems
-
-
-def rel_error(cand: torch.Tensor, ref: torch.Tensor, chunk: int = 1 << 22) -> float:
-    """||cand - ref|| / ||ref||: 0 when equal, ``EXCESS_CAP_DB`` when not finite or ``ref`` is zero.
-
-    In chunks: an embedding of 262k x 640 in float64 at once would be 1.3 GB a copy."""
-    if cand.dtype == ref.dtype and torch.equal(cand, ref):
-        return 0.0
-    c, r = cand.reshape(-1), ref.reshape(-1)
-    num = den = 0.0
-    for i in range(0, c.numel(), chunk):
-        rc = r[i:i + chunk].float()
-        num += float((c[i:i + chunk].float() - rc).pow_(2).sum(dtype=torch.float64))
-        den += float(rc.pow_(2).sum(dtype=torch.float64))
-    if not math.isfinite(num):
-        return EXCESS_CAP_DB
-    return 0.0 if num == 0 else (math.sqrt(num / den) if den > 0 else EXCESS_CAP_DB)
-
-
-@dataclass(frozen=True)
-class ConversionRecord:
-    """What the conversion recorded about one module: which quantizer wrote it (``quantizer_of``),
-    the SQNR it logged, and its error per output row (``pipeline/residuals.py``)."""
-
-    quantizer: str = "unknown"
-    sqnr_db: float | None = None
-    rows: torch.Tensor | None = None
-
-
-def check_module(tensors: dict[str, torch.Tensor], ref: dict[str, torch.Tensor] | None, scheme: QuantScheme,
-                 shape: tuple[int, int], has_bias: bool, record: ConversionRecord = ConversionRecord()) -> dict:
-    """Layout, values and reconstruction of one quantized module of ``shape`` (out, in).
-
-    ``tensors`` are the checkpoint's, ``ref`` the reference's ``weight`` and ``bias`` (None: no
-    reference, layout and values only), both without the module's prefix."""
-    out, cols = shape
-    ref = ref or {}
-    scale = tensors.get("weight_scale")
-    scale_dtype = scale.dtype if scale is not None and scale.dtype.is_floating_point else torch.float32
-    layout = expected_layout(scheme, out, cols, has_bias, scale_dtype)
-    problems = _layout_problems(tensors, layout)
-    if "weight_shape" in layout and not problems and tensors["weight_shape"].tolist() != [out, cols]:
-        problems.append(_problem(f"weight_shape: {tensors['weight_shape'].tolist()}, expected {[out, cols]}",
-                                 layout=True))
-    entry: dict = {"format": scheme.format, "scheme": _scheme_name(scheme), "problems": problems,
-                   "extra": sorted(set(tensors) - set(layout))}
-    if problems:
-        return entry
-    codes, zp = unpack_module_codes(tensors, scheme)
-    problems += _value_problems(tensors, scheme, codes, zp, cols)
-    if has_bias and ref.get("bias") is not None:
-        entry["tensor_rel_error"] = rel_error(tensors["bias"], ref["bias"])
-    if ref.get("weight") is None:
-        return entry
-    g_idx = tensors.get("weight_g_idx")
-    if fp4_kind(scheme.weights) is not None:
-        decoded = decompress_module(tensors, scheme, torch.float32)
-    else:
-        decoded = dequantize(codes, _float_scale(tensors, scheme.weights), zp, scheme.weights, g_idx, torch.float32)
-    logged_rows = record.rows
-    if logged_rows is not None and tuple(logged_rows.shape) != (out,):
-        problems.append(_problem(f"recorded row errors: shape {list(logged_rows.shape)}, expected [{out}]"))
-        logged_rows = None
-    figures = reconstruction(ref["weight"], decoded, scheme.weights, record.quantizer, g_idx, record.sqnr_db,
-                             logged_rows)
-    entry.update(dataclasses.asdict(figures))
-    entry["recon_excess_db"] = figures.excess_db
-    entry["recon_unit_excess_db"] = figures.unit_excess_db
-    entry["recon_gain_error"] = abs(figures.gain - 1.0)
-    return entry
-
-
-def quantizer_of(stats: dict | None) -> str:
-    """Which quantizer wrote a module, from its quantization_log.json entry (round to nearest logs an SQNR)."""
-    if not stats:
-        return "unknown"
-    if stats.get("algorithm"):
-        return str(stats["algorithm"])
-    return "rtn" if "sqnr_db" in stats else "unknown"
-
-
-def _scheme_name(s: QuantScheme) -> str:
-    a = s.weights
-    w = f"{'fp' if a.type == 'float' else 'int'}{a.num_bits} {a.strategy}" + (f" {a.group_size}" if a.group_size else "")
-    if not a.symmetric:
-        w += " asym"
-    return w + ("" if s.input_activations is None else f", {s.input_activations.type}8 activations")
 
 
 # -- the pass ------------------------------------------------------------------------------------
@@ -391,7 +204,7 @@ def _check_unit(run: _Pass, unit: str, base_keys: list[str], cand_keys: list[str
             continue
         owner, _, leaf = k.rpartition(".")
         if leaf in KV_SCALES:
-            problems = _positive_finite(leaf, run.cand.get(k))
+            problems = positive_finite(leaf, run.cand.get(k))
             if problems:
                 run.report.tensors[k] = {"problems": problems}
         else:
@@ -416,7 +229,7 @@ def _check_quantized(run: _Pass, mods: dict[str, tuple[nn.Linear, QuantScheme]],
         entry = check_module(by_module[name], module_ref, scheme, (lin.out_features, lin.in_features),
                              lin.bias is not None, record)
         if ref is not None and f"{name}.weight" not in ref:
-            entry["problems"].append(_problem("the baseline has no weight for this module", layout=True))
+            entry["problems"].append(problem("the baseline has no weight for this module", layout=True))
         run.report.modules[name] = entry
     return seen
 
@@ -434,13 +247,13 @@ def _check_baseline_tensors(run: _Pass, mods: dict, base_keys: list[str], cand_k
         seen.add(k)
         if k not in cand_set:
             if not (run.tied and k == "lm_head.weight"):
-                run.report.tensors[k] = {"problems": [_problem("missing from the checkpoint", layout=True)]}
+                run.report.tensors[k] = {"problems": [problem("missing from the checkpoint", layout=True)]}
             continue
         if ref is None:
             continue
         t, r = run.cand.get(k), ref[k]
         if tuple(t.shape) != tuple(r.shape):
-            run.report.tensors[k] = {"problems": [_problem(f"shape {list(t.shape)}, baseline {list(r.shape)}",
+            run.report.tensors[k] = {"problems": [problem(f"shape {list(t.shape)}, baseline {list(r.shape)}",
                                                            layout=True)]}
             continue
         err = rel_error(t, r)

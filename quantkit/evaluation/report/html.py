@@ -9,12 +9,8 @@ from __future__ import annotations
 import html
 
 from quantkit.common.i18n import HTML_LANG
-from quantkit.evaluation.report.content import (BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label,
-                                                column_groups, engine_section, example_key, fmt, footprint_note,
-                                                gated_figures, gates, gating_text, headline_figures, integrity_text,
-                                                lm_rows, margin_text, meaning, mixed_text, noise_line, not_gated_note,
-                                                reason_interval, reason_margin, reason_sign, short, slice_notes,
-                                                source_note, variants, warnings_of, worst_per_slice)
+from quantkit.evaluation.report.content import BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label, column_groups, engine_section, example_key, fmt, footprint_note, gates, gating_text, integrity_text, lm_rows, mixed_text, noise_line, not_gated_note, short, slice_notes, source_note, variants, warnings_of
+from quantkit.evaluation.report.gating import gated_figures, headline_figures, margin_text, meaning, reason_interval, reason_margin, reason_sign, worst_per_slice
 from quantkit.evaluation.report.words import WORDS
 
 e = html.escape

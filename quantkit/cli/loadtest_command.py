@@ -1,38 +1,19 @@
-"""Commands whose work lives in workflows/: ``quantkit loadtest`` over workflows/loadtest.py."""
+"""``quantkit loadtest``: the flags parsed, ``loadtest_to_folder`` called (workflows/loadtest.py), the
+report's summary printed, one progress bar per ramp."""
 from __future__ import annotations
 
 import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from quantkit.cli.console import fail
 from quantkit.common.i18n import check_lang
-from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.errors import QuantkitError
 from quantkit.loadtest.ramp import RampPolicy
 from quantkit.loadtest.slo import parse_slo
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    typer.echo(f"error: {msg}", err=True)
-    raise typer.Exit(code=code)
-
-
-def step_runner(workdir: Path, python: Path | None = None):
-    """The load generator behind each step (loadtest/generator.py), for one endpoint; run from
-    ``python`` (``--engine-python``: with ``--endpoint`` too, the generator is vLLM's)."""
-    from quantkit.loadtest.generator import run_step
-
-    def runner_for(ep, model_dir):
-        def run(requests, concurrency, left):
-            r = run_step(ep.url, ep.model, requests, concurrency, timeout_s=left, workdir=workdir,
-                         tokenizer_dir=model_dir, python=python)
-            return r.timings, r.seconds, r.tool
-        return run
-    return runner_for
 
 
 def loadtest_command(
@@ -57,11 +38,8 @@ def loadtest_command(
     """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
     knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
     from quantkit.loadtest import report
-    from quantkit.serving.processes import guarded
-    from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest
+    from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest_to_folder
 
-    policy = OutputPolicy("loadtest", {"traffic log": existing_path(traffic), "model": existing_path(model),
-                                       "baseline model": existing_path(baseline)})
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         check_lang(lang)
@@ -69,24 +47,19 @@ def loadtest_command(
                                baseline_endpoint, RampPolicy(max_concurrency=max_concurrency, min_requests=min_requests,
                                                              max_seconds=max_minutes * 60),
                                max_model_len, gpu_mem, seed, overwrite)
-        policy.check(out, overwrite)
-        # the work folder is removed even if this process is killed outright (guarded)
-        with tempfile.TemporaryDirectory(prefix="quantkit-loadtest-") as workdir, guarded(Path(workdir)):
-            bar = StepBars(opts.policy)
-            try:
-                data = loadtest(opts, step_runner(Path(workdir), engine_python), bar)
-            finally:
-                bar.close()
+        bar = StepBars(opts.policy)
+        try:
+            data, path = loadtest_to_folder(opts, lang, bar)
+        finally:
+            bar.close()
     except QuantkitError as e:
-        _fail(str(e))
+        fail(str(e))
     except LoadtestInterrupted as e:
-        if any(r["steps"] for r in e.data["ramps"]):
-            report.save(e.data, out, policy, overwrite, lang)
-            typer.echo(f"incomplete report (the steps that completed): {out / 'report.html'}", err=True)
-        _fail(str(e), 130 if isinstance(e.cause, KeyboardInterrupt) else 2)
+        if e.written is not None:
+            typer.echo(f"incomplete report (the steps that completed): {e.written / 'report.html'}", err=True)
+        fail(str(e), 130 if isinstance(e.cause, KeyboardInterrupt) else 2)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    path = report.save(data, out, policy, overwrite, lang)
     typer.echo(f"load test: {path / 'report.html'}")
     for line in report.summary_lines(data, report.WORDS.bind(lang)):
         typer.echo(f"  {line}")

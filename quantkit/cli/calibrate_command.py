@@ -1,5 +1,5 @@
 """``quantkit calibrate LOGS --model M --n 512 --max-len L --out DIR``: a thin typer face over
-``quantkit.calibration.calibrate``. Registered by ``quantkit/cli.py``."""
+``quantkit.calibration.calibrate``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from quantkit.cli.console import fail
 from quantkit.calibration.config import DEFAULT_LENGTH_EDGES, FieldMap, SamplerConfig
 from quantkit.common.i18n import DEFAULT_LANG, check_lang
 from quantkit.errors import QuantkitError
@@ -66,8 +67,7 @@ def calibrate_command(
         start = time.perf_counter()
         result = calibrate(logs, model, cfg, out=out, overwrite=overwrite, lang=lang)
     except QuantkitError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=2)
+        fail(str(exc))
     c = result.manifest["counts"]
     typer.echo(f"calibrate: {c['selected']} samples from {c['pool']} distinct rows "
                f"({c['rows_read']} read, {c['malformed']} malformed, {c['duplicates_exact']} exact and "
