@@ -58,7 +58,7 @@ def _models():
     import torch
 
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     torch.set_num_threads(1)
     folder = default_model_dir()
@@ -73,9 +73,9 @@ def token_cost(args) -> dict:
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.checkpoint import load_tokenizer
     from quantkit.evaluation.forced import encode_text
-    from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS
+    from quantkit.evaluation.label_tasks import LABEL_GEN_TOKENS, LABEL_ROWS
     from quantkit.evaluation.slices import SuiteOptions
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     tok = load_tokenizer(default_model_dir())
     out = {}
@@ -144,7 +144,7 @@ def labels(args) -> dict:
     from quantkit.evaluation.backends.in_process import InProcessBackend
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.forced import ForcedRequest, encode_text
-    from quantkit.evaluation.labels import LABEL_ROWS, label_runs
+    from quantkit.evaluation.label_tasks import LABEL_ROWS, label_runs
     from quantkit.evaluation.measures import measure_values
     from quantkit.evaluation.measures.labels import label_probabilities, labelled
     from quantkit.evaluation.slices import SuiteOptions

@@ -302,7 +302,7 @@ def run(args) -> None:
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
     from quantkit.recipe import load_recipe
 
     paths = build_logs(args.log)
@@ -398,7 +398,7 @@ def record_rows() -> list:
     """Every row the in-process backend scores teacher-forced from now on (its ItemStats), in a
     list the caller clears; the evaluation's result keeps only each slice's totals and interval,
     and the paired differences between conditions need each row's KL."""
-    from quantkit.evaluation import api
+    from quantkit.evaluation import evaluator as api
     from quantkit.evaluation.backends.in_process import InProcessBackend
 
     seen: list = []

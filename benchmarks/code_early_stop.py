@@ -11,7 +11,7 @@ import torch
 
 from quantkit.evaluation.checkpoint import load_model, load_tokenizer, resolve_dir
 from quantkit.evaluation.code_exec import stops_body, truncate_completion
-from quantkit.evaluation.models import greedy, pad_id
+from quantkit.evaluation.causal_lm import greedy, pad_id
 from quantkit.evaluation.slices import load_suite
 
 PROBLEMS, NEW_TOKENS = 12, 128

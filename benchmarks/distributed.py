@@ -89,7 +89,7 @@ def held_out_ids(folder: Path, rows: int = 4, row_len: int = 512) -> torch.Tenso
 def float_log_probs(model: str | None, ids: torch.Tensor) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     m = AutoModelForCausalLM.from_pretrained(model or default_model_dir(), dtype=torch.float32).eval()
     with torch.no_grad():

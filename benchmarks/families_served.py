@@ -34,7 +34,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.ji
 def _family_dir(family: str, folder: Path) -> Path:
     from families import family_config, save_random
 
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     config = family_config(family)
     config.get_text_config().vocab_size = 49152

@@ -127,7 +127,7 @@ def peak_rss_mb() -> float:
 # -- models -----------------------------------------------------------------------------------
 def model_dir(name: str) -> Path:
     if name == "smollm2":
-        from quantkit.inputs.models import default_model_dir
+        from quantkit.inputs.embedded_model import default_model_dir
 
         return default_model_dir()
     if name == "gemma3":

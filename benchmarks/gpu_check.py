@@ -200,7 +200,7 @@ def _eval(out: Path, dry: bool, work: Path) -> int:
     from quantkit.workflows.evaluate import evaluate_paths
     from quantkit.evaluation.report import markdown
     from quantkit.kernels import select_backend
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
     from quantkit.recipe import load_recipe
 
     device = "cpu" if dry else "cuda"

@@ -37,7 +37,7 @@ MEASURES = ("recon_excess_db", "recon_unit_excess_db", "recon_gain_error", "tens
 
 def model_dir(name: str) -> Path:
     if name == "smollm2":
-        from quantkit.inputs.models import default_model_dir
+        from quantkit.inputs.embedded_model import default_model_dir
         return default_model_dir()
     if name == "gemma3":
         from gemma3 import gemma3_model_dir

@@ -49,13 +49,13 @@ def main() -> None:
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
     from quantkit.recipe import load_recipe
     from quantkit.sensitivity import SearchOptions, Sensitivity
-    from quantkit.sensitivity.apply import planned_recipe
+    from quantkit.sensitivity.plan_groups import planned_recipe
     from quantkit.sensitivity.planner import edge_layers, plan, uniform
     from sensitivity import model_dir
 
     folder = model_dir(args.model)
     if folder is None:
-        from quantkit.inputs.models import default_model_dir
+        from quantkit.inputs.embedded_model import default_model_dir
         folder = default_model_dir()
     recipe = load_recipe(RECIPES[args.quantizer])
     out = {"model": args.model, "quantizer": args.quantizer, "recipe": recipe.name, "max_len": args.max_len,

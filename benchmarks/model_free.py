@@ -135,7 +135,7 @@ def measure(args, root: Path) -> dict:
 
 def smollm2(args, root: Path) -> dict:
     """quantkit's model-free output against llm-compressor's on the embedded SmolLM2."""
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     src, out = default_model_dir(), {}
     for recipe in args.recipes.split(","):

@@ -38,7 +38,7 @@ def main() -> int:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     import quantkit
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
     from transformers import AutoModelForCausalLM
 
     src = default_model_dir()

@@ -227,7 +227,7 @@ def main() -> None:
     import torch
 
     from quantkit.evaluation.measures import MEASURES
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     torch.set_num_threads(args.threads)
     rec = scored(args, default_model_dir())

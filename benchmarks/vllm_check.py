@@ -555,7 +555,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -95,7 +95,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import quantkit
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,7 @@ from quantkit.errors import QuantkitError
 from quantkit.kv_cache import KVCacheScheme
 from quantkit.config.safe_yaml import load_yaml_file
 from quantkit.config.scheme import PRESETS, ModulePattern, QuantScheme, with_group_size
-from quantkit.config.mixed import MixedSettings
+from quantkit.config.mixed_section import MixedSettings
 from quantkit.config.sizes import size_bytes
 from quantkit.config.validation import build_options, check_flag, checked_options, config, invalid, parse, short, short_text
 from quantkit.steps import ALGORITHMS

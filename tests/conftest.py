@@ -20,7 +20,7 @@ def tiny_llama(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     return default_model_dir()
 

@@ -23,7 +23,7 @@ def _choices() -> dict[tuple[str, str], tuple[str, ...]]:
     from quantkit.calibration.allocate import POLICIES
     from quantkit.calibration.config import LONG_POLICIES
     from quantkit.common.i18n import LANGUAGES
-    from quantkit.serving.registry import ENGINES
+    from quantkit.serving.engines import ENGINES
 
     return {("calibrate", "--policy"): POLICIES, ("calibrate", "--long"): LONG_POLICIES,
             ("convert", "--lang"): LANGUAGES, ("eval", "--lang"): LANGUAGES,

@@ -34,7 +34,7 @@ LOADED_ON_FIRST_USE = {
     "evaluation/measures/tasks.py",
     # business.py reads the label rule while a log is read (no torch then); encoding a reply for
     # the label measures needs forced.py, which imports torch
-    "evaluation/labels.py",
+    "evaluation/label_tasks.py",
     # convert's workflow checks the request and the recipe before the evaluation's modules load
     # transformers (2.0 s), so a refused conversion answers in the time torch takes to import
     "workflows/convert_checkpoint.py",

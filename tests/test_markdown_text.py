@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from quantkit.common.markdown import md_code, md_row, md_text
+from quantkit.common.markdown_text import md_code, md_row, md_text
 
 HOSTILE = "business:<img src=x onerror=alert(1)> | a`b\\\nnext & more"
 

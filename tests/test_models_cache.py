@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from quantkit.inputs import models
+from quantkit.inputs import embedded_model as models
 from quantkit.formats.staging import Owner
 
 

@@ -38,7 +38,7 @@ def resolve_tokenizer(model: Any = None) -> Any:
 
 def _default_tokenizer() -> Any:
     # Straight from the GGUF (a few seconds): the sampler needs no weights, and building the
-    # spine's dequantized model cache (quantkit.inputs.models) would cost ~30 s and 1.3 GB.
+    # spine's dequantized model cache (quantkit.inputs.embedded_model) would cost ~30 s and 1.3 GB.
     spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)  # find, never import: it needs llama_cpp
     if spec is None or not spec.submodule_search_locations:
         raise QuantkitError(f"--model: not given and the default model package {DEFAULT_GGUF_PACKAGE!r} "

@@ -37,7 +37,7 @@ def loadtest_command(
 ):
     """Ramp concurrency against the served checkpoint on your traffic's lengths until the capacity
     knee; report TTFT/TPOT/ITL percentiles, throughput, goodput under the SLO and the speedup."""
-    from quantkit.loadtest import report
+    from quantkit.loadtest import loadtest_report as report
     from quantkit.workflows.loadtest import LoadtestInterrupted, LoadtestOptions, loadtest_to_folder
 
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)

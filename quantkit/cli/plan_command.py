@@ -55,7 +55,7 @@ def _emit(engine: str, fp, model: str) -> None:
     """``--emit ENGINE``: the engine's launch config as YAML, then as its command line (serving/)."""
     import yaml
 
-    from quantkit.serving.registry import engine_kind
+    from quantkit.serving.engines import engine_kind
 
     try:
         kind = engine_kind(engine, "--emit")

@@ -11,7 +11,7 @@ from quantkit.evaluation.verdict import Thresholds, Verdict, decide
 
 # The rest is imported when first used (PEP 562): the command line registers this package's
 # commands without loading transformers, which only a running evaluation needs.
-_LAZY = {"EvalConfig": ".api", "EvalResult": ".eval_result", "evaluate": ".api",
+_LAZY = {"EvalConfig": ".evaluator", "EvalResult": ".eval_result", "evaluate": ".evaluator",
          "Slice": ".slices", "SuiteOptions": ".slices", "load_suite": ".slices"}
 
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

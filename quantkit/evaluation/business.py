@@ -13,7 +13,7 @@ the calibration's coverage report. What a row scores:
 - a prompt/completion row scores the completion; a text row all of its text.
 
 A row longer than ``tokens`` keeps the window that ends at its last scored token (forced.py).
-A task whose replies are labels from a small set (labels.py) is marked on its slice, for the
+A task whose replies are labels from a small set (label_tasks.py) is marked on its slice, for the
 label measures. Rows whose content hash is in the calibration sample (its ``manifest.json``'s
 ``sample_content``) are left out and counted, and so are repeats of a row already taken: a slice
 measures text the candidate was not calibrated on, each text once.
@@ -33,7 +33,7 @@ from quantkit.calibration.render import RowError, clean_messages, render_record
 from quantkit.calibration.tasks import infer_task, user_labels
 from quantkit.errors import QuantkitError
 from quantkit.config.validation import json_object
-from quantkit.evaluation.labels import label_set
+from quantkit.evaluation.label_tasks import label_set
 from quantkit.evaluation.slices import Slice
 
 FIELDS = FieldMap()
@@ -76,7 +76,7 @@ def read_business(log: str | Path, tokenizer: Any = None, rows_per_task: int = 2
                   calibration_sample: str | Path | None = None) -> BusinessRows:
     """One private slice per task of ``log``: its first ``rows_per_task`` rows that are not in
     ``calibration_sample`` and not repeats, rendered with ``tokenizer``'s chat template; a task
-    whose replies are labels (labels.py, judged on all its rows; not without a tokenizer) carries
+    whose replies are labels (label_tasks.py, judged on all its rows; not without a tokenizer) carries
     its label set."""
     path = Path(log)
     if not path.exists():

@@ -10,7 +10,7 @@ from pathlib import Path
 from quantkit.arch.meta import auto_class
 from quantkit.errors import QuantkitError
 from quantkit.inputs.model_folder import check_links
-from quantkit.inputs.models import default_model_dir
+from quantkit.inputs.embedded_model import default_model_dir
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.runtime.dequantized import is_quantized_source, load_dequantized
 from quantkit.runtime.loader import load

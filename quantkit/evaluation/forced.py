@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from quantkit.evaluation.divergence import bucket_measures, kl_by_position, position_buckets, token_stats
-from quantkit.evaluation.models import body_states, head_logits, position_chunks
+from quantkit.evaluation.causal_lm import body_states, head_logits, position_chunks
 from quantkit.evaluation.pair import both, pair
 from quantkit.evaluation.perplexity import perplexity, rolling_windows
 

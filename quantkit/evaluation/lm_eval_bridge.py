@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.models import model_device
+from quantkit.evaluation.causal_lm import model_device
 from quantkit.evaluation.slices import eval_dir
 
 

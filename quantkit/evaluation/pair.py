@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from quantkit.evaluation.models import model_device
+from quantkit.evaluation.causal_lm import model_device
 
 T = TypeVar("T")
 

@@ -19,14 +19,14 @@ from quantkit.errors import QuantkitError
 from quantkit.evaluation.backends.served import ServedModel
 from quantkit.evaluation.backends.served_forced import PathCheck
 from quantkit.evaluation.checkpoint import load_model
-from quantkit.evaluation.models import pad_id
+from quantkit.evaluation.causal_lm import pad_id
 from quantkit.serving.capabilities import DtypeChoice
 from quantkit.serving.client import EngineError, Endpoint
 from quantkit.serving.contract import Engine, EngineKind, ServeOptions, Server, failure_note
 from quantkit.serving.deployment import checkpoint_format, context_limit, deployment_length, vocab_size
 from quantkit.serving.engine_options import NOT_MEASURED, EngineOptions
 from quantkit.serving.probe import TooSlow, timed_probe
-from quantkit.serving.registry import engine_kind
+from quantkit.serving.engines import engine_kind
 
 SLOW_INSTEAD = ("evaluate it in quantkit's own path (leave out --engine), or serve a format this host runs fast "
                 "(docs/engine.md, hosts and dtypes)")

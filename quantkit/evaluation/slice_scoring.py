@@ -11,13 +11,13 @@ from quantkit.evaluation.backends.base import CodeRequest, Continuation, ScoredS
 from quantkit.evaluation.bootstrap import prompt_intervals, row_intervals
 from quantkit.evaluation.context import Reach
 from quantkit.evaluation.forced import ForcedRequest, View, encode_text
-from quantkit.evaluation.generation import prefix_agreement
-from quantkit.evaluation.labels import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
+from quantkit.evaluation.greedy_agreement import prefix_agreement
+from quantkit.evaluation.label_tasks import LABEL_GEN_TOKENS, LABEL_ROWS, label_runs
 from quantkit.evaluation.measures import measure_values
 from quantkit.evaluation.measures.labels import label_probabilities, labelled
 from quantkit.evaluation.sandbox import Runner
 from quantkit.evaluation.slices import Slice, SuiteOptions
-from quantkit.evaluation.tasks import mc_summary
+from quantkit.evaluation.task_metrics import mc_summary
 from quantkit.evaluation.text_window import context, token_text
 
 HIDDEN = "[business text hidden: pass --show-samples to include it]"
@@ -152,7 +152,7 @@ def _score_texts(sl: Slice, backend: ScoringBackend, run: SliceRun, scored: Scor
 
 def _score_labels(texts: list[dict], labels: tuple[str, ...], backend: ScoringBackend, run: SliceRun,
                   scored: ScoredSlice, out: Measured) -> None:
-    """A label slice's rows (labels.py), from their own prompts: both models' greedy replies and
+    """A label slice's rows (label_tasks.py), from their own prompts: both models' greedy replies and
     their probabilities of the baseline's."""
     opt, tokenizer = run.options, run.tokenizer
     limit = min(opt.business_prompt_tokens, run.max_len - LABEL_GEN_TOKENS)

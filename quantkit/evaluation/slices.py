@@ -44,7 +44,7 @@ class Slice:
     long_context: bool = False
     source: str = ""
     language: str | None = None     # None for a public slice: from its items or name suffix
-    label_replies: tuple[str, ...] = ()   # a business task whose replies are labels (labels.py)
+    label_replies: tuple[str, ...] = ()   # a business task whose replies are labels (label_tasks.py)
 
     def __post_init__(self):
         if self.language is None and self.public:

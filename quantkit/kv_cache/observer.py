@@ -19,7 +19,7 @@ from torch import nn
 
 from quantkit.numerics.primitives import FP8_MAX
 from quantkit.kv_cache.numerics import fake_quantize_fp8
-from quantkit.kv_cache.scheme import KVCacheScheme, scale_of
+from quantkit.kv_cache.kv_scheme import KVCacheScheme, scale_of
 
 MSE_GRID = 20          # candidate ranges for observer "mse"
 MSE_MIN_RATIO = 0.5    # the smallest candidate: half the absmax

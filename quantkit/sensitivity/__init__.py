@@ -7,8 +7,8 @@ result (``data.py``) is saved as ``sensitivity.json`` and planned from for any b
 """
 
 from quantkit.config.candidates import CANDIDATES, DEFAULT_CANDIDATES, Candidate, bits_per_weight, candidate, candidates_from, weight_bytes
-from quantkit.config.mixed import MixedSettings
-from quantkit.sensitivity.apply import planned_recipe
+from quantkit.config.mixed_section import MixedSettings
+from quantkit.sensitivity.plan_groups import planned_recipe
 from quantkit.sensitivity.data import Sensitivity
 from quantkit.sensitivity.planner import Plan, plan
 from quantkit.sensitivity.search import DEFAULT_METHOD, SearchOptions, sensitivity_search

@@ -14,7 +14,7 @@ from quantkit.config.candidates import candidate, check_candidates, DEFAULT_CAND
 from quantkit.sensitivity.data import Sensitivity
 from quantkit.sensitivity.units import plan_units
 from quantkit.arch.experts import moe_spec
-from quantkit.sensitivity.apply import planned_recipe
+from quantkit.sensitivity.plan_groups import planned_recipe
 from quantkit.sensitivity.planner import plan
 from quantkit.sensitivity.search import DEFAULT_METHOD, SearchOptions, sensitivity_search
 import math

@@ -28,7 +28,7 @@ from quantkit.config.candidates import _Candidate, fits
 from quantkit.sensitivity.data import Sensitivity
 from quantkit.sensitivity.exact import ExactKL
 from quantkit.sensitivity.scores import VARIANTS, gradient_scores
-from quantkit.config.mixed import DEFAULT_TOKENS
+from quantkit.config.mixed_section import DEFAULT_TOKENS
 from quantkit.sensitivity.units import FormatUnit, plan_units
 
 #: The variant plans use, chosen by its agreement with the exact KL (benchmarks/RESULTS.md).

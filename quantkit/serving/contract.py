@@ -1,6 +1,6 @@
 """The engine contract: what quantkit needs of a serving engine it starts itself.
 
-An engine kind (one module per engine, registered in registry.py; vLLM's is vllm.py) finds its
+An engine kind (one module per engine, registered in engines.py; vLLM's is vllm.py) finds its
 installation and reads the host's capabilities from it (``find``), starts a server for a model
 folder under ``ServeOptions`` (``start``: started at once, healthy at ``ready()``, stopped with
 every process it made at ``stop()``, its own last error line at ``last_error()``), and turns the

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
-from quantkit.serving.registry import engine_kind
+from quantkit.serving.engines import engine_kind
 
 # top-k log-probabilities per position the KL is estimated from (topk.py; benchmarks/RESULTS.md,
 # the top-k KL estimator: it reads low, less with more k: 8-bit candidates -8.7% at k = 20 and

@@ -23,7 +23,7 @@ from quantkit.evaluation.section import check_eval_section
 from quantkit.formats.writer import prepare_output
 from quantkit.recipe import load_recipe
 from quantkit.workflows import convert as api
-from quantkit.workflows.launch import relaunch_on_ranks
+from quantkit.workflows.torchrun import relaunch_on_ranks
 from quantkit.workflows.model_card import check_lang, write_card
 from quantkit.workflows.model_free import ASKED, ModelFreeOptions, check_flags, convert_model_free, model_free_reason
 from quantkit.workflows.smallest_go import RESULT_FILE, smallest_go

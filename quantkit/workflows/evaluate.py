@@ -19,7 +19,7 @@ from quantkit.serving.engine_options import EngineOptions
 from quantkit.evaluation.section import check_eval_section
 from quantkit.recipe import load_recipe
 from quantkit.kv_cache import kv_options
-from quantkit.evaluation.api import EvalConfig, evaluate
+from quantkit.evaluation.evaluator import EvalConfig, evaluate
 from quantkit.evaluation.eval_result import integrity_only
 from quantkit.evaluation.checkpoint import check_weights, is_quantized, load_model, load_tokenizer, module_errors, resolve_dir
 from quantkit.evaluation.context import deployment_length
@@ -28,10 +28,10 @@ from quantkit.evaluation.kv_options import candidate_kv
 from quantkit.evaluation.languages import language_gate
 from quantkit.evaluation.section import EvalSection, suite_options
 from quantkit.evaluation.slices import load_suite
-from quantkit.evaluation.api import evaluate_served
+from quantkit.evaluation.evaluator import evaluate_served
 from quantkit.evaluation.served_pair import served_models
 from quantkit.evaluation.business import read_business
-from quantkit.inputs.models import cache_dir
+from quantkit.inputs.embedded_model import cache_dir
 
 
 def recipe_eval_section(recipe: str | None) -> dict:

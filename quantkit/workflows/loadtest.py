@@ -3,7 +3,7 @@ its capacity knee (loadtest/: the length model, the requests, the ramp policy, t
 
 One ramp per model: the candidate, and with ``baseline`` the baseline first, with the very same
 requests (one seeded stream each), so the report can state the speedup at equal SLO. A model is
-served by vLLM, started here with the launch config of the memory account (loadtest/launch.py),
+served by vLLM, started here with the launch config of the memory account (loadtest/launch_config.py),
 or by the user's endpoint. Requests go to 127.0.0.1 or to that endpoint only; every step is
 bounded in requests and time; every server is stopped on every way out.
 
@@ -21,10 +21,10 @@ from typing import Callable, Iterator
 
 from quantkit.common.outputs import OutputPolicy, existing_path
 from quantkit.errors import QuantkitError
-from quantkit.loadtest import report
+from quantkit.loadtest import loadtest_report as report
 from quantkit.loadtest.generator import run_step
 from quantkit.evaluation.checkpoint import load_tokenizer, resolve_dir
-from quantkit.loadtest.launch import launch_for
+from quantkit.loadtest.launch_config import launch_for
 from quantkit.loadtest.traffic import read_traffic
 from quantkit.loadtest.lengths import fit_lognormal, length_summary, percentile
 from quantkit.loadtest.ramp import RampPolicy, find_knee, recommended, step_summary, stop_reason
@@ -35,7 +35,7 @@ from quantkit.serving.contract import ServeOptions, serve
 from quantkit.serving.deployment import checkpoint_format, deployment_length
 from quantkit.serving.probe import timed_probe
 from quantkit.serving.processes import guarded
-from quantkit.serving.registry import engine_kind
+from quantkit.serving.engines import engine_kind
 
 #: one step: (requests, concurrency, timeout) -> (per-request timings, wall seconds, tool name)
 StepRunner = Callable[[list[LoadRequest], int, float], tuple[list[dict], float, str]]
@@ -60,7 +60,7 @@ class LoadtestOptions:
     traffic: Path
     slo: SLO
     out: Path
-    engine: str | None = None         # a registered engine (serving/registry.py): quantkit starts the servers
+    engine: str | None = None         # a registered engine (serving/engines.py): quantkit starts the servers
     engine_python: Path | None = None
     endpoint: str | None = None       # the user's server for the model
     baseline: str | None = None       # a second model, ramped with the same requests

@@ -11,7 +11,7 @@ from torch import nn
 
 from quantkit.arch.meta import auto_class
 from quantkit.common.outputs import OutputPolicy
-from quantkit.config.mixed import MixedSettings
+from quantkit.config.mixed_section import MixedSettings
 from quantkit.config.validation import check_flag
 from quantkit.errors import QuantkitError
 from quantkit.inputs.source import SafetensorsSource

@@ -25,7 +25,7 @@ import yaml
 
 from quantkit.common import i18n
 from quantkit.common.i18n import LANGUAGES
-from quantkit.common.markdown import md_cell_code, md_code, md_row
+from quantkit.common.markdown_text import md_cell_code, md_code, md_row
 from quantkit.config.safe_yaml import load_yaml_text
 from quantkit.evaluation.report.gating import worst_per_slice
 from quantkit.evaluation.report.markdown import reason_line

@@ -37,7 +37,7 @@ from quantkit.formats import staging
 from quantkit.formats.compressed_tensors import checkpoint_dtype, compress_module, group_for, matches, quantization_config
 from quantkit.formats.writer import ShardWriter
 from quantkit.inputs.model_folder import copy_side_files, read_config_json
-from quantkit.inputs.models import default_model_dir
+from quantkit.inputs.embedded_model import default_model_dir
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.inputs.targets import DEFAULT_TARGETS, kept_linear, layer_unit, module_of, target_rule
 from quantkit.pipeline import residuals

@@ -13,7 +13,7 @@ from quantkit.calibration import load_calibration
 from quantkit.common.outputs import existing_path
 from quantkit.errors import QuantkitError
 from quantkit.inputs.model_folder import read_config_json
-from quantkit.inputs.models import DEFAULT_MODEL_ID, cache_dir, default_model_dir
+from quantkit.inputs.embedded_model import DEFAULT_MODEL_ID, cache_dir, default_model_dir
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
 from quantkit.pipeline.memory import available_memory
 from quantkit.recipe import CalibrationSettings, Recipe

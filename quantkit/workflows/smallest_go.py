@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from quantkit.workflows.quantized_model import QuantizedModel
     from quantkit.recipe import Recipe
     from quantkit.sensitivity.data import Sensitivity
-    from quantkit.config.mixed import SmallestGo
+    from quantkit.config.mixed_section import SmallestGo
 
 RESULT_FILE = "smallest_go.json"
 

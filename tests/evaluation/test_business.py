@@ -14,7 +14,7 @@ from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.business import business_item, read_business, render_turns, sample_hashes
 from quantkit.evaluation.divergence import token_stats
 from quantkit.evaluation.forced import ForcedRequest, encode_text, run_forced
-from quantkit.evaluation.models import pad_id
+from quantkit.evaluation.causal_lm import pad_id
 from quantkit.evaluation.slices import SuiteOptions
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

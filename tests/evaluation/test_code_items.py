@@ -16,8 +16,8 @@ import pytest
 from typer.testing import CliRunner
 
 import quantkit
-from quantkit.evaluation import sandbox, tasks
-from quantkit.evaluation.api import evaluate
+from quantkit.evaluation import sandbox, task_metrics as tasks
+from quantkit.evaluation.evaluator import evaluate
 from quantkit.evaluation.slices import Slice, SuiteOptions
 
 from test_eval_cli import app

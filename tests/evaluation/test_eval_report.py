@@ -14,7 +14,7 @@ from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.slice_scoring import HIDDEN
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.slices import Slice
-from quantkit.common.markdown import md_text
+from quantkit.common.markdown_text import md_text
 from quantkit.evaluation.report import short
 
 

@@ -1,9 +1,9 @@
 from tiny import FAST
 from tiny import fake_quant_linears
 
-from quantkit.evaluation.models import greedy, pad_id
+from quantkit.evaluation.causal_lm import greedy, pad_id
 from quantkit.evaluation.slices import load_suite
-from quantkit.evaluation.tasks import extraction, f1, mc_summary, multiple_choice, normalise_numbers
+from quantkit.evaluation.task_metrics import extraction, f1, mc_summary, multiple_choice, normalise_numbers
 
 
 def test_f1_and_number_normalisation():

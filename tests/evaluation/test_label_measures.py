@@ -13,7 +13,7 @@ import pytest
 
 from quantkit.evaluation.backends.base import Continuation, LabelRuns, ScoredSlice
 from quantkit.evaluation.forced import ForcedResult, ItemStats
-from quantkit.evaluation.labels import LABEL_MIN_ROWS, label_set, reply_encoded
+from quantkit.evaluation.label_tasks import LABEL_MIN_ROWS, label_set, reply_encoded
 from quantkit.evaluation.measures import GO, MEASURES, measure_values
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,7 +69,7 @@ def test_on_the_second_log_the_label_measures_separate_a_label_fault_from_a_clea
     from quantkit.evaluation import SuiteOptions, evaluate
     from quantkit.evaluation.business import read_business
     from quantkit.evaluation.checkpoint import load_model, load_tokenizer
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -243,7 +243,7 @@ def test_convert_carries_the_model_card(folders):
 
 
 def test_default_model_folder_gets_its_card(tmp_path, monkeypatch):
-    from quantkit.inputs import models
+    from quantkit.inputs import embedded_model as models
     monkeypatch.setenv("QUANTKIT_CACHE", str(tmp_path))
     target = tmp_path / "smollm2-135m-instruct"
     target.mkdir()

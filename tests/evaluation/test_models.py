@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from quantkit.evaluation.forced import Encoded, ForcedRequest, run_forced
 from quantkit.evaluation.measures import forced_summary
-from quantkit.evaluation.models import body_states, forward_logits, head_logits, position_chunks
+from quantkit.evaluation.causal_lm import body_states, forward_logits, head_logits, position_chunks
 
 
 def _model(arch: str, **extra):
@@ -62,7 +62,7 @@ def test_views_score_against_the_same_baseline(base, tok):
 
 
 def test_greedy_stops_rows_early_and_keeps_their_tokens(base, tok):
-    from quantkit.evaluation.models import greedy
+    from quantkit.evaluation.causal_lm import greedy
     prompts = [tok("def add(a, b):\n")["input_ids"], tok("The total was 1,200 yuan")["input_ids"]]
     full = greedy(base, prompts, 20, pad=0, eos=None)
     calls = []

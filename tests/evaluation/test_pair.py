@@ -5,7 +5,7 @@ import threading
 import torch
 from tiny import _take, fake_quant_linears
 
-from quantkit.evaluation.api import evaluate
+from quantkit.evaluation.evaluator import evaluate
 from quantkit.evaluation.pair import both, pair
 from quantkit.evaluation.slices import SuiteOptions, load_suite
 

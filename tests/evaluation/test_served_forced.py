@@ -12,7 +12,7 @@ from model_factory import make_llama_dir
 from quantkit.evaluation.backends.served import WindowScores, window_scores
 from quantkit.evaluation.backends.served_forced import served_forced
 from quantkit.evaluation.forced import Encoded, ForcedRequest, forced_jobs, run_forced
-from quantkit.evaluation.models import forward_logits
+from quantkit.evaluation.causal_lm import forward_logits
 from quantkit.serving.client import EngineError
 
 
@@ -105,9 +105,9 @@ def test_served_multiple_choice_picks_as_the_in_process_pass(top_k, letter_token
     """One request per question while a letter is among the listed next tokens; a question none of
     whose letters is listed is scored option by option; the picks are the in-process ones."""
     from quantkit.evaluation.backends.served import mc_picks
-    from quantkit.evaluation.models import pad_id
+    from quantkit.evaluation.causal_lm import pad_id
     from quantkit.evaluation.slices import load_suite
-    from quantkit.evaluation.tasks import mc_continuations, multiple_choice
+    from quantkit.evaluation.task_metrics import mc_continuations, multiple_choice
 
     model, tok = letter_tokens
     items = load_suite("knowledge-en")[0].items[:12]

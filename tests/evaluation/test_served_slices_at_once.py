@@ -12,8 +12,8 @@ import pytest
 import torch
 from tiny import _take, fake_quant_linears
 
-import quantkit.evaluation.api as api
-from quantkit.evaluation.api import evaluate_served
+import quantkit.evaluation.evaluator as api
+from quantkit.evaluation.evaluator import evaluate_served
 from quantkit.evaluation.backends.served import ServedModel
 from quantkit.evaluation.slices import SuiteOptions, load_suite
 from quantkit.serving.client import EngineError

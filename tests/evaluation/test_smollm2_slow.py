@@ -17,7 +17,7 @@ def smol():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
     d = default_model_dir()
     return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(), AutoTokenizer.from_pretrained(d)
 

@@ -3,7 +3,7 @@ character over tokens, and a window decoded from inside one used to end in U+FFF
 from tiny import FAST, TINY_THRESHOLDS, _take, fake_quant_linears, tiny_tokenizer
 
 from quantkit.evaluation import evaluate, load_suite
-from quantkit.evaluation.tasks import extraction_result
+from quantkit.evaluation.task_metrics import extraction_result
 from quantkit.evaluation.text_window import REPLACEMENT, context, token_text
 
 TEXT = "四年多来，他一直在这家工厂工作，月薪 4,250 元。"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from quantkit.serving.memory_account import plan
-from quantkit.loadtest.launch import launch_for
+from quantkit.loadtest.launch_config import launch_for
 
 GIB = 2**30
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 (hidden 576 / 9 heads), MLP 1536, vocabulary 49152, tied embeddings

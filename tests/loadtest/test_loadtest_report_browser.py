@@ -12,7 +12,7 @@ import pytest
 from browser import open_page, untranslated
 
 from quantkit.common.outputs import OutputPolicy
-from quantkit.loadtest import report
+from quantkit.loadtest import loadtest_report as report
 from quantkit.loadtest.ramp import RampPolicy
 from quantkit.loadtest.slo import parse_slo
 from quantkit.workflows.loadtest import Ramp, length_model, report_data, run_ramp

@@ -100,7 +100,7 @@ def test_the_report_of_a_ramp_cut_short_says_incomplete_and_keeps_its_steps(tmp_
     from types import SimpleNamespace
 
     from quantkit.common.outputs import OutputPolicy
-    from quantkit.loadtest import report
+    from quantkit.loadtest import loadtest_report as report
     from quantkit.workflows.loadtest import length_model, report_data
 
     run, _ = modelled_server(slots=4)
@@ -127,7 +127,7 @@ def test_the_report_of_a_ramp_cut_short_says_incomplete_and_keeps_its_steps(tmp_
 
 
 def test_prompts_cut_from_a_chinese_log_tokenize_back_to_their_drawn_length():
-    from quantkit.inputs.models import default_tokenizer
+    from quantkit.inputs.embedded_model import default_tokenizer
     from quantkit.loadtest.requests import prompt_ids
 
     tokenizer = default_tokenizer()

@@ -118,7 +118,7 @@ def test_cli_convert_with_budget_and_sensitivity_ranking(text_model, tmp_path):
 
 
 def test_report_section_lists_every_unit_with_its_format(converted, tmp_path):
-    from quantkit.sensitivity.report import markdown, section
+    from quantkit.sensitivity.sensitivity_report import markdown, section
 
     data = section(converted)
     p = Plan.load(converted / "plan.json")

@@ -14,7 +14,7 @@ from quantkit.formats.compressed_tensors import group_for
 from quantkit.recipe import load_recipe
 from quantkit.config.scheme import QuantArgs
 from quantkit.sensitivity import FormatUnit, Sensitivity
-from quantkit.sensitivity.apply import planned_recipe
+from quantkit.sensitivity.plan_groups import planned_recipe
 from quantkit.sensitivity.planner import Plan, edge_layers, evaluate_choice, plan, uniform
 
 CANDS = {"W4": QuantArgs(num_bits=4, group_size=32), "W8": QuantArgs(num_bits=8, strategy="channel"), "KEEP": None}
@@ -134,7 +134,7 @@ def test_planned_recipe_gives_every_unit_its_format_and_keeps_ignore(tiny_llama)
 
 
 def test_frontier_measured_never_above_the_rule_and_renders():
-    from quantkit.sensitivity.report import frontier, frontier_png
+    from quantkit.sensitivity.sensitivity_report import frontier, frontier_png
 
     rows = [{"W4": (100, 0.1 * (i % 3 + 1) ** 2), "W8": (200, 0.001)} for i in range(9)]
     front = frontier(sensitivity(rows), low="W4", high="W8", steps=6)

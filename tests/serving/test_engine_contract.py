@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from quantkit.serving import contract
-from quantkit.serving.registry import ENGINES, engine_kind
+from quantkit.serving.engines import ENGINES, engine_kind
 
 PACKAGE = Path(__file__).resolve().parents[2] / "quantkit"
 LITERAL = re.compile(r"""["']vllm["']""")

@@ -58,7 +58,7 @@ def test_an_engine_killed_mid_pass_is_one_line_quoting_its_own_last_error(ckpt, 
 
     from engine_helpers import ROOT, engine_processes
 
-    from quantkit.inputs.models import default_model_dir
+    from quantkit.inputs.embedded_model import default_model_dir
 
     recipe = small_recipe(tmp_path / "small.yaml", text_items=48)
     cmd = [sys.executable, "-m", "quantkit.cli", "eval", "--candidate", str(ckpt), "--suite", "numbers-en,names-en",

@@ -27,7 +27,7 @@ class Continuation:
 
 @dataclass(frozen=True)
 class LabelRuns:
-    """A label slice's rows (labels.py): both models' greedy replies, the teacher-forced pass
+    """A label slice's rows (label_tasks.py): both models' greedy replies, the teacher-forced pass
     over the baseline's reply (per row, both models' NLL of it), and the label each reply gives."""
     replies: list[Continuation]
     forced: ForcedResult
@@ -59,7 +59,7 @@ class ScoredSlice:
     with KL by position bucket on the long slices. ``generations``: greedy continuations.
     ``choices``: the choice each model picks (multiple choice). ``extraction``: each model's
     reply and its F1 against the reference numbers. ``code``: each model's completion and
-    whether it passed its tests. ``labels``: a label slice's replies (labels.py)."""
+    whether it passed its tests. ``labels``: a label slice's replies (label_tasks.py)."""
     forced: ForcedResult | None = None
     generations: list[Continuation] = field(default_factory=list)
     choices: PairedRuns | None = None

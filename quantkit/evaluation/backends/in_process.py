@@ -6,9 +6,9 @@ from typing import Mapping
 
 from quantkit.evaluation.backends.base import CodeRequest, Continuation, PairedRuns
 from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View, run_forced
-from quantkit.evaluation.models import greedy, pad_id
+from quantkit.evaluation.causal_lm import greedy, pad_id
 from quantkit.evaluation.pair import both
-from quantkit.evaluation.tasks import CodeExecution, code_pass, extraction, multiple_choice
+from quantkit.evaluation.task_metrics import CodeExecution, code_pass, extraction, multiple_choice
 
 
 class InProcessBackend:

@@ -31,7 +31,7 @@ from quantkit.evaluation.backends.served_forced import PathCheck, served_forced
 from quantkit.evaluation.backends.window_scores import WindowScores, logprob, token_id, window_scores
 from quantkit.evaluation.code_exec import STOP
 from quantkit.evaluation.forced import Encoded, ForcedRequest, ForcedResult, View, forced_jobs
-from quantkit.evaluation.tasks import CodeExecution, chat_ids, code_result, extraction_result, mc_continuations
+from quantkit.evaluation.task_metrics import CodeExecution, chat_ids, code_result, extraction_result, mc_continuations
 from quantkit.serving.client import EngineError, Endpoint
 
 REQUESTS_IN_FLIGHT = 16   # the server batches what arrives together (16: what the in-process path batches for generation)

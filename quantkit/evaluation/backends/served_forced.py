@@ -12,7 +12,7 @@ import torch
 
 from quantkit.evaluation.forced import (LOGIT_CHUNK_TOKENS, Encoded, ForcedRequest, ForcedResult, ItemStats, Tally,
                                         add_item, forced_result, kept, scored_mask)
-from quantkit.evaluation.models import body_states, head_logits, position_chunks
+from quantkit.evaluation.causal_lm import body_states, head_logits, position_chunks
 from quantkit.evaluation.topk import topk_of_logits, topk_token_stats
 from quantkit.evaluation.backends.window_scores import WindowScores
 

@@ -8,7 +8,7 @@ For each module that ``config.json``'s ``quantization_config`` says is quantized
   codes in ``[qmin, qmax]``, FP8 codes not NaN), zero points on the grid, ``g_idx`` a valid
   group assignment;
 - **reconstruction** (``figures.py``): the weight decoded from those tensors, as served,
-  against the reference (``reference.py``: the baseline, recorded transforms re-applied).
+  against the reference (``expected_weights.py``: the baseline, recorded transforms re-applied).
 
 Every other tensor (norms, embeddings, ``ignore`` modules, biases) must equal its reference;
 KV-cache scales (``k_scale``, ``v_scale``), when present, finite and positive. The baseline
@@ -39,7 +39,7 @@ from quantkit.config.scheme import QuantScheme
 from quantkit.inputs.source import SafetensorsSource
 from quantkit.evaluation.integrity.module_check import (ConversionRecord, check_module, positive_finite, problem,
                                                         quantizer_of, rel_error)
-from quantkit.evaluation.integrity.reference import Reference, read_quantization_log, unit_of
+from quantkit.evaluation.integrity.expected_weights import Reference, read_quantization_log, unit_of
 from quantkit.pipeline import build_skeleton, residuals
 
 KV_SCALES = ("k_scale", "v_scale")

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from quantkit.evaluation.backends.base import ScoredSlice
-from quantkit.evaluation.generation import prefix_agreement
+from quantkit.evaluation.greedy_agreement import prefix_agreement
 from quantkit.evaluation.measures.base import measure
 
 

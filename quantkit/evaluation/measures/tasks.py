@@ -11,7 +11,7 @@ from quantkit.evaluation.measures.base import measure
          evidence="W8A16 0, FP8_DYNAMIC 0, W4 RTN -0.04: 48 questions, one question = 0.021",
          table=("mc_accuracy_base", "mc_accuracy_cand"), table_rank=8)
 def mc_accuracy_drop(s: ScoredSlice) -> float:
-    from quantkit.evaluation.tasks import mc_summary   # here: the registry is read without loading the models' code
+    from quantkit.evaluation.task_metrics import mc_summary   # here: the registry is read without loading the models' code
 
     c = s.choices
     summary = mc_summary(c.items, c.base, c.cand)

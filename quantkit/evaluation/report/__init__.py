@@ -23,7 +23,7 @@ from quantkit.evaluation.report.content import fmt, integrity_grid, mixed_text, 
 from quantkit.evaluation.report.html import render_html
 from quantkit.evaluation.report.markdown import markdown
 from quantkit.evaluation.report.plots import plots
-from quantkit.sensitivity.report import section
+from quantkit.sensitivity.sensitivity_report import section
 
 __all__ = ["SCHEMA_VERSION", "fmt", "integrity_grid", "markdown", "mixed_text", "plots", "render_html", "save",
            "short", "to_json"]
@@ -73,7 +73,7 @@ def to_json(result) -> dict:
 
 
 def _mixed(result) -> dict | None:
-    """A mixed-precision candidate's plan (``sensitivity/report.py``): each unit's format and
+    """A mixed-precision candidate's plan (``sensitivity/sensitivity_report.py``): each unit's format and
     score, the size-vs-KL frontier, and the measured point, the mean KL of the gated slices."""
     folder = result.meta.get("candidate")
     if not folder:

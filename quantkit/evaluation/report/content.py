@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from quantkit.evaluation.integrity.reference import unit_of
+from quantkit.evaluation.integrity.expected_weights import unit_of
 from quantkit.evaluation.measures import table_columns
 from quantkit.evaluation.report.words import WORDS, gating_source, length_source, said
 

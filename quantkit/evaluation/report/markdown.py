@@ -2,7 +2,7 @@
 (``fmt``): it is the file that is diffed and searched; the HTML page is the one read at a glance."""
 from __future__ import annotations
 
-from quantkit.common.markdown import md_cell_code, md_code, md_row, md_text
+from quantkit.common.markdown_text import md_cell_code, md_code, md_row, md_text
 from quantkit.evaluation.report.content import BUSINESS_COLUMNS, VARIANT_COLUMNS, business_lines, candidate_label, columns, engine_section, example_key, fmt, footprint_note, gates, gating_text, integrity_grid, integrity_text, layer_label, lm_rows, mixed_text, noise_line, not_gated_note, slice_notes, source_note, variants, warnings_of
 from quantkit.evaluation.report.gating import margin_text, meaning, reason_interval, reason_margin, reason_sign
 from quantkit.evaluation.report.words import WORDS

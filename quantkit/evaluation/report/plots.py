@@ -11,7 +11,7 @@ from quantkit.common.plotfonts import plot_language
 from quantkit.evaluation.report.content import (integrity_grid, layer_label, layer_summary, position_lines,
                                                 unit_and_kind)
 from quantkit.evaluation.report.words import WORDS
-from quantkit.sensitivity.report import frontier_png
+from quantkit.sensitivity.sensitivity_report import frontier_png
 
 COLOURS = {"GO": "#2e7d32", "REVIEW": "#f9a825", "NO-GO": "#c62828"}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog, Words
 from quantkit.common.jsonio import dumps_strict
-from quantkit.common.markdown import md_row, md_text
+from quantkit.common.markdown_text import md_row, md_text
 from quantkit.common.outputs import OutputPolicy, ordinary_permissions
 from quantkit.common.plotfonts import plot_language
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.evaluation.code_exec import humaneval_program, run_program, stops_body, truncate_completion
-from quantkit.evaluation.models import forward_logits, greedy
+from quantkit.evaluation.causal_lm import forward_logits, greedy
 from quantkit.evaluation.sandbox import Runner
 from quantkit.evaluation.text_window import context
 

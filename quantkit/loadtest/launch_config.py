@@ -18,7 +18,7 @@ import yaml
 from quantkit.serving.contract import EngineKind
 from quantkit.serving.memory_account import GiB, plan
 from quantkit.evaluation.attention_cache import attention_cache
-from quantkit.serving.registry import DEFAULT_ENGINE, ENGINES
+from quantkit.serving.engines import DEFAULT_ENGINE, ENGINES
 
 
 

@@ -29,7 +29,7 @@ from quantkit.kv_cache import kivi
 from quantkit.kv_cache.attention import PLAN_ATTR, base_of, register
 from quantkit.kv_cache.numerics import fake_quantize_fp8
 from quantkit.kv_cache.options import HEAD, KVOption, kv_option, quantize_dynamic
-from quantkit.kv_cache.scheme import KVCacheScheme, scale_of
+from quantkit.kv_cache.kv_scheme import KVCacheScheme, scale_of
 
 Rows = Sequence[Sequence[int]]
 
