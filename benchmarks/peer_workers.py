@@ -167,7 +167,9 @@ def run_gptqmodel(spec: dict) -> dict:
     from gptqmodel import GPTQModel, QuantizeConfig
 
     g = spec["gptqmodel"]
-    config = QuantizeConfig(**g["config"])
+    # its default offloads each finished layer to disk and leaves meta tensors in the model: kept
+    # in memory here, so that its own dequantize_weight can read the packed layers back
+    config = QuantizeConfig(**g["config"], offload_to_disk=False)
     model = GPTQModel.load(spec["model_dir"], config, device="cpu")
     rows = [{"input_ids": r, "attention_mask": [1] * len(r)} for r in spec["calibration"]]
     c0 = time.process_time()

@@ -295,6 +295,12 @@ def spread(values: list[float], digits: int) -> str:
     return f"{mean:.{digits}f} ± {(max(values) - min(values)) / 2:.{digits}f} ({len(values)} seeds)"
 
 
+def quote(error: str) -> str:
+    """A toolkit's error as one table cell: its first line, at most 240 characters."""
+    line = error.strip().splitlines()[0] if error.strip() else error
+    return (line if len(line) <= 240 else line[:237] + "...").replace("`", "'")
+
+
 def table(rows: list[dict], model: str) -> str:
     """The Markdown table of one model: a row per format x toolkit x recipe, seeds pooled."""
     groups: dict[tuple, list[dict]] = {}
@@ -305,12 +311,13 @@ def table(rows: list[dict], model: str) -> str:
     kit_order = {t: i for i, t in enumerate(["float", *TOOLKITS])}
     lines = ["| format | toolkit | recipe | perplexity | mean KL | CPU s | peak RSS MiB | note |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for (fmt, kit, recipe), rs in sorted(groups.items(), key=lambda kv: (fmt_order.get(kv[0][0], 99),
-                                                                          kit_order.get(kv[0][1], 99), kv[0][2])):
-        ok = [r for r in rs if "error" not in r]
-        notes = sorted({r.get("note", "") for r in ok} - {""})
+    recipe_order = {"rtn": 0, "default": 0, "gptq": 1, "light": 1, "best": 2}   # defaults first
+    for (fmt, kit, recipe), rs in sorted(groups.items(), key=lambda kv: (
+            fmt_order.get(kv[0][0], 99), kit_order.get(kv[0][1], 99), recipe_order.get(kv[0][2], 3), kv[0][2])):
+        ok = [r for r in rs if "perplexity" in r]
+        notes = sorted({r.get("note", "") for r in rs if "error" not in r} - {""})
         errors = [r["error"] for r in rs if "error" in r]
-        note = "; ".join(notes + [f"error: `{e[:300]}`" for e in errors[:1]])
+        note = "; ".join(notes + [f"error: `{quote(e)}`" for e in errors[:1]])
         lines.append(f"| {fmt} | {kit} | {recipe} | {spread([r['perplexity'] for r in ok], 3)} | "
                      f"{spread([r['kl_mean'] for r in ok if 'kl_mean' in r], 4)} | "
                      f"{spread([r['cpu_s'] for r in ok if 'cpu_s' in r], 0)} | "
