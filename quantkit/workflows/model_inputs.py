@@ -16,7 +16,8 @@ from quantkit.inputs.model_folder import read_config_json
 from quantkit.inputs.embedded_model import DEFAULT_MODEL_ID, cache_dir, default_model_dir
 from quantkit.inputs.source import SafetensorsSource, StateDictSource
 from quantkit.pipeline.memory import available_memory
-from quantkit.recipe import CalibrationSettings, Recipe
+from quantkit.config.run_settings import CalibrationSettings
+from quantkit.recipe import Recipe
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
