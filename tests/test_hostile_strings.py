@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from quantkit.loadtest import report as loadtest_report
+from quantkit.loadtest import loadtest_report
 from quantkit.loadtest.ramp import RampPolicy
 from quantkit.loadtest.slo import parse_slo
 from quantkit.workflows.loadtest import Ramp, length_model, report_data, run_ramp
