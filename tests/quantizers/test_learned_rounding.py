@@ -81,20 +81,30 @@ def correlated_rows(rows: int, seq: int, cols: int, seed: int) -> torch.Tensor:
     return (base + 0.1 * torch.randn(rows * seq, cols, generator=g)).reshape(rows, seq, cols)
 
 
-def make_ctx(block: Block, inputs: list[torch.Tensor], scheme: QuantScheme) -> LayerContext:
+def make_ctx(block: Block, inputs: list[torch.Tensor], scheme: QuantScheme,
+             float_inputs: list[torch.Tensor] | None = None) -> LayerContext:
+    """The block over ``inputs``; ``forward_float`` runs it over ``float_inputs`` (the float model's)."""
     def run(**_):
         for x in inputs:
             block(x)
 
+    def run_float():
+        for x in float_inputs:
+            block(x)
+
     targets = {n: (getattr(block, n), scheme) for n in ("up_proj", "down_proj")}
     return LayerContext(0, "model.layers.0", block, targets, [["up_proj"], ["down_proj"]], run,
-                        num_samples=sum(x.shape[0] for x in inputs), num_tokens=sum(x.shape[:2].numel() for x in inputs))
+                        num_samples=sum(x.shape[0] for x in inputs), num_tokens=sum(x.shape[:2].numel() for x in inputs),
+                        forward_float=run_float if float_inputs is not None else None)
 
 
-def block_error(reference: Block, quantized: Block, inputs) -> float:
+def block_error(reference: Block, quantized: Block, inputs, float_inputs=None) -> float:
+    """Mean squared error of ``quantized`` on ``inputs`` against ``reference`` on ``float_inputs``
+    (the same inputs when None)."""
+    pairs = list(zip(inputs, float_inputs or inputs))
     with torch.no_grad():
-        return sum(float((reference(x) - quantized(x)).pow(2).sum()) for x in inputs) / sum(
-            reference(x).numel() for x in inputs)
+        return sum(float((reference(xf) - quantized(x)).pow(2).sum()) for x, xf in pairs) / sum(
+            x.numel() for x in inputs)
 
 
 @pytest.mark.parametrize("args", [QuantArgs(num_bits=4, group_size=16), QuantArgs(num_bits=3, symmetric=False, group_size=32),
@@ -106,7 +116,8 @@ def test_beats_round_to_nearest_on_the_block_output(args):
     block, original, rtn = Block(), Block(), Block()
     ctx = make_ctx(block, inputs, scheme)
     # every row in every step: the first step's loss is round to nearest's on the whole set
-    algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4})
+    algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4, "float_target": False})
+    assert not algo.needs_float_inputs
     results = algo.quantize_layer(ctx)
     for name, r in results.items():
         w = getattr(original, name).weight.data
@@ -124,13 +135,50 @@ def test_beats_round_to_nearest_on_the_block_output(args):
     assert learned_error < 0.9 * rtn_error
 
 
+def test_the_float_target_is_the_float_models_output():
+    """With the float model's inputs carried beside the quantized model's, the target is the float
+    layer's output on them: the first step's loss is RTN's error against it, and learning lowers
+    it below RTN's, also below what learning against the layer's own output on the quantized
+    inputs reaches."""
+    args = QuantArgs(num_bits=3, group_size=16)
+    scheme = QuantScheme(("Linear",), args)
+    float_inputs = [correlated_rows(2, 16, 64, seed=s) for s in range(2)]
+    g = torch.Generator().manual_seed(9)
+    inputs = [x + 0.2 * torch.randn(x.shape, generator=g) for x in float_inputs]   # earlier layers' error
+    original, rtn = Block(), Block()
+    for name in ("up_proj", "down_proj"):
+        getattr(rtn, name).weight.data = rtn_weight(getattr(original, name).weight.data, args).dequantized(args, torch.float32)
+    errors, first = {}, {}
+    for float_target in (True, False):
+        block = Block()
+        algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4, "float_target": float_target})
+        assert algo.needs_float_inputs == float_target
+        results = algo.quantize_layer(make_ctx(block, inputs, scheme, float_inputs))
+        for name, r in results.items():
+            getattr(block, name).weight.data = r.dequantized(args, torch.float32)
+        errors[float_target] = block_error(original, block, inputs, float_inputs)
+        first[float_target] = results["up_proj"].stats["rtn_loss"]
+    rtn_error = block_error(original, rtn, inputs, float_inputs)
+    assert first[True] == pytest.approx(rtn_error, rel=1e-4)
+    assert first[False] == pytest.approx(block_error(original, rtn, inputs), rel=1e-4)
+    assert errors[True] < errors[False] < rtn_error
+
+
+def test_the_float_target_needs_the_float_models_inputs():
+    scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
+    ctx = make_ctx(Block(), [correlated_rows(2, 8, 64, seed=0)], scheme)
+    with pytest.raises(QuantkitError, match="float model's layer inputs"):
+        build_algorithm("learned_rounding", {"iters": 1}).quantize_layer(ctx)
+
+
 def test_rows_drawn_per_step_and_seed_repeat():
     scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
     inputs = [correlated_rows(3, 8, 64, seed=s) for s in range(2)]
 
     def codes(seed: int):
         block = Block()
-        out = build_algorithm("learned_rounding", {"iters": 6, "batch_size": 2, "seed": seed}).quantize_layer(
+        out = build_algorithm("learned_rounding", {"iters": 6, "batch_size": 2, "seed": seed,
+                                                   "float_target": False}).quantize_layer(
             make_ctx(block, inputs, scheme))
         return out["up_proj"].q, out["up_proj"].stats
 

@@ -1,10 +1,12 @@
 """A decoder layer as a function of its target weights, over its calibration rows.
 
 ``capture_block`` runs the layer once over every calibration batch (``LayerContext.forward``)
-and keeps each call's arguments and which positions are real tokens; ``BlockRows`` then runs
-the layer on any rows of them with candidate weights (``torch.func.functional_call``), every
-floating tensor in float32, and gives the squared error against the float layer's own output
-at the real tokens.
+and keeps each call's arguments and which positions are real tokens, and the target: the float
+model's output of this layer (the float layer on the float model's inputs,
+``LayerContext.forward_float``: AutoRound's target), or the float layer's output on the same
+inputs. ``BlockRows`` then runs the layer on any rows of them with candidate weights
+(``torch.func.functional_call``), every floating tensor in float32, and gives the squared error
+against the target at the real tokens.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from quantkit.steps.base import LayerContext
 @dataclass
 class BlockRows:
     """The layer's calibration calls: ``calls[c] = (args, kwargs)`` (args[0] the hidden states
-    ``[rows, row_len, hidden]``), ``kept[c]`` bool ``[rows, row_len]``, ``reference[c]`` the float
-    layer's float32 output."""
+    ``[rows, row_len, hidden]``), ``kept[c]`` bool ``[rows, row_len]``, ``reference[c]`` the
+    float32 target output."""
 
     layer: nn.Module
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
@@ -55,9 +57,13 @@ class BlockRows:
         return d.pow(2).sum(), d.numel()
 
 
-def capture_block(ctx: LayerContext) -> BlockRows:
-    """One pass over the calibration batches: each call's arguments and real tokens, then the
-    float layer's float32 output on them."""
+def capture_block(ctx: LayerContext, float_target: bool) -> BlockRows:
+    """One pass over the calibration batches: each call's arguments and real tokens; then the
+    target, with ``float_target`` the float model's output of the layer (one pass over its
+    inputs, which become its next layer's), else the float layer's own on the same calls."""
+    if float_target and ctx.forward_float is None:
+        raise QuantkitError(f"{ctx.name}: learned rounding's float target needs the float model's layer inputs, "
+                            "which this run does not carry")
     block = BlockRows(ctx.layer)
 
     def pre(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -77,10 +83,30 @@ def capture_block(ctx: LayerContext) -> BlockRows:
             ctx.forward()
     finally:
         handle.remove()
+    if float_target:
+        _float_model_outputs(ctx, block)
+        return block
     with torch.no_grad():
         for c, k in enumerate(block.kept):
             block.reference.append(block.run(c, torch.arange(k.shape[0]), {}))
     return block
+
+
+def _float_model_outputs(ctx: LayerContext, block: BlockRows) -> None:
+    """The layer's outputs over the float model's inputs (the same batches, in the same order)."""
+    def post(module: nn.Module, args: tuple, output) -> None:
+        y = output[0] if isinstance(output, (tuple, list)) else output
+        c = len(block.reference)
+        if c >= len(block.kept) or tuple(y.shape[:-1]) != tuple(block.kept[c].shape):
+            raise QuantkitError(f"{ctx.name}: the float model's calibration batches do not match the quantized ones")
+        block.reference.append(y.detach().float())
+
+    handle = ctx.layer.register_forward_hook(post)
+    try:
+        with torch.no_grad():
+            ctx.forward_float()
+    finally:
+        handle.remove()
 
 
 def _rows(value, rows: torch.Tensor, n: int):

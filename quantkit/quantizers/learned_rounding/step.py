@@ -41,6 +41,10 @@ class LearnedRounding(Algorithm):
         batch_size: calibration rows drawn at random for each step.
         minmax_tuning: learn each group's clip factors on its min and max too (else only the
             rounding offsets, on min-max ranges).
+        float_target: the target is the float model's output of the layer (the float layer on
+            the float model's inputs, while the quantized layer sees the quantized model's:
+            AutoRound's); the run then carries the float model's activations beside the
+            quantized ones. Off: the float layer's output on the quantized model's inputs.
         seed: the row draws' seed.
 
     Example:
@@ -54,6 +58,7 @@ class LearnedRounding(Algorithm):
     lr: float | None = None
     batch_size: int | None = None
     minmax_tuning: bool = True
+    float_target: bool = True
     seed: int = 0
 
     requires_calibration: ClassVar[bool] = True
@@ -67,6 +72,10 @@ class LearnedRounding(Algorithm):
             raise QuantkitError(f"lr: must be a number > 0, got {self.lr!r}")
 
     @property
+    def needs_float_inputs(self) -> bool:
+        return self.float_target
+
+    @property
     def settings(self) -> SignRoundSettings:
         iters, lr, batch = PRESETS[self.preset]
         if self.iters is not None and self.lr is None:
@@ -77,7 +86,7 @@ class LearnedRounding(Algorithm):
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
         grids = {name: number_format(scheme.weights) for name, (_, scheme) in _checked(ctx).items()}
         t0 = time.perf_counter()
-        block = capture_block(ctx)
+        block = capture_block(ctx, self.float_target)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
         global_scales = _global_scales(ctx, grids, weights)
         settings = self.settings
