@@ -39,9 +39,10 @@ METHODS = {"rtn": {"name": "rtn"},
            "learned-fast": {"name": "learned_rounding", "preset": "fast"}}
 
 
-def recipe_of(run: str, samples: int, seq_len: int, learned_batch: int | None = None) -> dict:
+def recipe_of(run: str, samples: int, seq_len: int, learned_batch: int | None = None,
+              layers: int | None = None) -> dict:
     """The recipe of ``FORMAT:METHOD`` (``learned_batch``: learned rounding's rows per step, when
-    not its preset's)."""
+    not its preset's; ``layers``: only the first decoder layers quantized, the rest ignored)."""
     from quantkit.config.scheme import PRESETS
 
     fmt, method = run.split(":")
@@ -53,8 +54,11 @@ def recipe_of(run: str, samples: int, seq_len: int, learned_batch: int | None = 
     algorithm = dict(METHODS[method])
     if learned_batch and algorithm["name"] == "learned_rounding":
         algorithm["batch_size"] = learned_batch
+    ignore = ["lm_head"]
+    if layers is not None:
+        ignore.append(rf"re:model\.layers\.(?!(?:{'|'.join(str(i) for i in range(layers))})\.)")
     return {"version": 1, "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}},
-            "ignore": ["lm_head"], "algorithm": algorithm,
+            "ignore": ignore, "algorithm": algorithm,
             "calibration": {"num_samples": samples, "max_seq_len": seq_len}}
 
 
@@ -65,7 +69,7 @@ def measure(run: str, folder: Path, held: list, calib: list, bos, workdir: Path,
 
     if run == "fp32":
         return {"perplexity": perplexity(AutoModelForCausalLM.from_pretrained(folder), held, bos)}
-    recipe = quantkit.load_recipe(recipe_of(run, len(calib), a.seq_len, a.learned_batch))
+    recipe = quantkit.load_recipe(recipe_of(run, len(calib), a.seq_len, a.learned_batch, a.layers))
     cpu, wall = time.process_time(), time.perf_counter()
     q = quantkit.quantize(folder, recipe, calib if recipe.needs_calibration else None,
                           quantkit.ConvertOptions(workdir=str(workdir / run.replace(":", "-"))))
@@ -82,6 +86,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--learned-batch", type=int, help="learned rounding's calibration rows per step (default: "
                     "its preset's, 8); fewer rows cost proportionally less CPU per step")
+    ap.add_argument("--layers", type=int, help="quantize only the first N decoder layers (the rest stay float): "
+                    "a cheaper comparison of the methods on the same layers")
     ap.add_argument("--only", help="comma-separated runs: fp32 or FORMAT:METHOD "
                     f"(formats {', '.join(FORMATS)}; methods {', '.join(METHODS)})")
     ap.add_argument("--json", help="write the figures to this file")

@@ -171,6 +171,15 @@ def test_the_float_target_needs_the_float_models_inputs():
         build_algorithm("learned_rounding", {"iters": 1}).quantize_layer(ctx)
 
 
+def test_a_layer_without_targets_still_moves_the_float_model_on():
+    scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
+    float_passes = []
+    ctx = make_ctx(Block(), [correlated_rows(1, 8, 64, seed=0)], scheme, [correlated_rows(1, 8, 64, seed=1)])
+    ctx.targets = {}
+    ctx.forward_float = lambda: float_passes.append(1)
+    assert build_algorithm("learned_rounding").quantize_layer(ctx) == {} and float_passes == [1]
+
+
 def test_rows_drawn_per_step_and_seed_repeat():
     scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
     inputs = [correlated_rows(3, 8, 64, seed=s) for s in range(2)]

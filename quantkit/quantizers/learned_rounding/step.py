@@ -85,6 +85,11 @@ class LearnedRounding(Algorithm):
 
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
         grids = {name: number_format(scheme.weights) for name, (_, scheme) in _checked(ctx).items()}
+        if not grids:   # a layer left out by ``ignore``: the float model still moves on past it
+            if self.float_target:
+                with torch.no_grad():
+                    ctx.forward_float()
+            return {}
         t0 = time.perf_counter()
         block = capture_block(ctx, self.float_target)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
