@@ -61,7 +61,10 @@ def save_fake_quant(folder: str, weights: dict, fmt: dict, out: str) -> dict:
     for name, w in weights.items():
         check_grid(name, w, fmt)
         with torch.no_grad():
-            model.get_submodule(name).weight.copy_(w.to(torch.float32).reshape_as(model.get_submodule(name).weight))
+            target = model.get_submodule(name).weight
+            if tuple(w.shape) != tuple(target.shape):
+                raise RuntimeError(f"{name}: the toolkit's weight is {tuple(w.shape)}, the model's {tuple(target.shape)}")
+            target.copy_(w.to(torch.float32))
     model.save_pretrained(out)
     kept = [n for n in linears if n not in weights]
     note = f"{len(kept)} of {len(linears)} Linear layers left in float by the toolkit (e.g. {kept[0]})" if kept else ""
@@ -175,10 +178,16 @@ def run_gptqmodel(spec: dict) -> dict:
     c0 = time.process_time()
     model.quantize(rows, batch_size=1)
     cpu = time.process_time() - c0
+    from gptqmodel.utils.model import convert_gptq_v1_to_v2_format_module
+
     weights = {}
     with torch.no_grad():
         for name, m in model.model.named_modules():
             if hasattr(m, "dequantize_weight"):
+                # freshly packed layers hold v1 zero points (stored minus one); dequantize_weight reads
+                # v2, as its loader converts them (measured: read as v1, perplexity 1.2e9)
+                if m.qzero_format() == 1:
+                    convert_gptq_v1_to_v2_format_module(m, m.bits, m.pack_dtype)
                 weights[name] = m.dequantize_weight().T   # GPTQ packs [in, out]
     return {"cpu_s": cpu, **save_fake_quant(spec["model_dir"], weights, spec["format"], spec["out"])}
 
