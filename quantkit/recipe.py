@@ -207,7 +207,10 @@ class Recipe:
     def needs_calibration(self) -> bool:
 
         static_acts = any(s.input_activations is not None and s.input_activations.calibrated for s in self.groups.values())
-        return static_acts or self.kv_cache is not None or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
+        # imatrix_mse weighs each column by its mean squared input: calibration data for any quantizer
+        weighted = any(s.weights is not None and s.weights.observer == "imatrix_mse" for s in self.groups.values())
+        return static_acts or weighted or self.kv_cache is not None \
+            or any(ALGORITHMS[s.name].requires_calibration for s in self.steps)
 
 
 # -- the file's form -----------------------------------------------------------------------------

@@ -77,7 +77,7 @@ class QuantArgs:
     group_size: Annotated[StrictInt, Field(gt=0)] | None = None
     dynamic: StrictBool | Literal["local"] = False
     actorder: ActOrder | None = None
-    observer: Literal["minmax", "mse"] = "minmax"
+    observer: Literal["minmax", "mse", "imatrix_mse"] = "minmax"
     block_structure: tuple[Annotated[StrictInt, Field(gt=0)], Annotated[StrictInt, Field(gt=0)]] | None = None
     scale_dtype: ScaleDtype | None = None
 

@@ -1,4 +1,5 @@
-"""Round-to-nearest: each weight quantized on its own grid, no calibration data."""
+"""Round-to-nearest: each weight quantized on its own grid, no calibration data (except for the
+``imatrix_mse`` observer, which weighs each column by its mean squared input)."""
 
 from __future__ import annotations
 
@@ -6,31 +7,52 @@ from dataclasses import dataclass
 
 import torch
 
+from quantkit.common.distributed import merge_mean
 from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.number_formats import number_format
 from quantkit.numerics.primitives import sqnr_db
+from quantkit.quantizers.gptq.collect import collect_hessians
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
 
 @register_algorithm("rtn")
 @dataclass
 class RTN(Algorithm):
-    """Round to nearest on the scheme's grid (min-max, or MSE-clipped with ``observer: mse``)."""
+    """Round to nearest on the scheme's grid (min-max, MSE-clipped with ``observer: mse``, or
+    clipped by the activation-weighted MSE with ``observer: imatrix_mse``)."""
 
     def quantize_layer(self, ctx: LayerContext) -> dict[str, QuantizedWeight]:
         out = {}
         shared = shared_global_scales(ctx)
+        weighted = [n for n, (_, s) in ctx.targets.items() if s.weights is not None and s.weights.observer == "imatrix_mse"]
+        importance = input_importance(ctx, weighted)
         for name, (module, scheme) in ctx.targets.items():
-            out[name] = rtn_weight(module.weight.data, scheme.weights, shared.get(name))
+            out[name] = rtn_weight(module.weight.data, scheme.weights, shared.get(name), importance.get(name))
         return out
 
 
-def rtn_weight(w: torch.Tensor, args: QuantArgs, global_scale: torch.Tensor | None = None) -> QuantizedWeight:
+def input_importance(ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
+    """Each linear's mean squared input per column (``diag(H) / 2``, GPTQ's Hessian collected in one
+    layer pass); none for a linear no calibration token reached, or without calibration data."""
+    if not names or ctx.num_batches == 0:
+        return {}
+    hs = collect_hessians(ctx, names)
+    out = {}
+    for leader, H in hs.H.items():
+        H, tokens = merge_mean(H, hs.tokens[leader])   # data-parallel: every rank's tokens
+        if tokens > 0:
+            out.update({n: torch.diagonal(H) / 2 for n in hs.sharing(leader)})
+    return out
+
+
+def rtn_weight(w: torch.Tensor, args: QuantArgs, global_scale: torch.Tensor | None = None,
+               importance: torch.Tensor | None = None) -> QuantizedWeight:
     """One weight rounded to nearest on ``args``' grid (``global_scale``: the format's per-tensor
-    scale shared with its sub-group's siblings; None: its own). The model-free conversion calls
-    it tensor by tensor, so both paths give the same bytes."""
+    scale shared with its sub-group's siblings; None: its own; ``importance``: each column's mean
+    squared input, for ``imatrix_mse``). The model-free conversion calls it tensor by tensor, so
+    both paths give the same bytes."""
     fmt = number_format(args)
-    qp = fmt.scales(w, global_scale=global_scale)
+    qp = fmt.scales(w, global_scale=global_scale, importance=importance)
     q = fmt.quantize(w, qp)
     stats = {"sqnr_db": round(sqnr_db(w, fmt.dequantize(q, qp)), 3)}
     return QuantizedWeight(q, qp.scale, qp.zero_point, None, stats, qp.global_scale)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from quantkit.numerics.primitives import weight_qparams
+from quantkit.numerics.number_formats import number_format
 from quantkit.config.scheme import QuantArgs
 from quantkit.quantizers.gptq.hessian import GPTQ_PRECISION
 
@@ -56,13 +56,16 @@ class ColumnGrid:
     members: torch.Tensor | None = None        # lazy groups: solve positions of each group's columns
     fixed_at: dict[int, int] = field(default_factory=dict)          # lazy groups: position -> group
     params: dict[int, ColumnParams] = field(default_factory=dict)   # per group (0 without groups)
+    importance: torch.Tensor | None = None     # lazy groups: diag(H) per solve position (imatrix_mse)
 
     def column(self, p: int) -> ColumnParams:
         return self.params[0 if self.group_of_pos is None else self.group_of_pos[p]]
 
     def fix(self, g: int, columns: torch.Tensor) -> None:
         """Fix group ``g``'s qparams from its columns ``[group_size, rows]`` as they are now."""
-        s, z = weight_qparams(columns.T, self.col_args)
+        importance = None if self.importance is None else self.importance[self.members[g]]
+        qp = number_format(self.col_args).scales(columns.T, importance=importance)
+        s, z = qp.scale, qp.zero_point
         self.scale[:, g] = s[:, 0].to(self.scale.dtype)
         if self.zero_point is not None:
             self.zero_point[:, g] = z[:, 0]
@@ -85,28 +88,33 @@ def column_groups(cols: int, args: QuantArgs, perm: torch.Tensor | None,
 
 
 def qparams_before_solve(W: torch.Tensor, args: QuantArgs, group_of_col: torch.Tensor | None,
-                         static_groups: bool, out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+                         static_groups: bool, out_dtype: torch.dtype,
+                         importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Scale and zero point known before the solve: channel/tensor from the original weight,
-    static groups; lazy groups' entries stay zero until the solve fixes them."""
+    static groups; lazy groups' entries stay zero until the solve fixes them. ``importance``:
+    ``diag(H)`` per column, for the ``imatrix_mse`` observer."""
+    fmt = number_format(args)
     if args.strategy != "group":
-        s, zp = weight_qparams(W, args)
-        return s.to(out_dtype), zp
+        qp = fmt.scales(W, importance=importance)
+        return qp.scale.to(out_dtype), qp.zero_point
     rows, cols = W.shape
     n_groups = cols // args.group_size
     scale = torch.zeros(rows, n_groups, dtype=out_dtype, device=W.device)
     zp = None if args.symmetric else torch.zeros(rows, n_groups, dtype=torch.int8, device=W.device)
     if static_groups:
-        s, z = weight_qparams(W, args, g_idx=group_of_col if args.actorder == "group" else None)
-        scale.copy_(s.to(out_dtype))
+        qp = fmt.scales(W, g_idx=group_of_col if args.actorder == "group" else None, importance=importance)
+        scale.copy_(qp.scale.to(out_dtype))
         if zp is not None:
-            zp.copy_(z)
+            zp.copy_(qp.zero_point)
     return scale, zp
 
 
 def column_grid(scale: torch.Tensor, zp: torch.Tensor | None, args: QuantArgs,
-                group_of_pos: torch.Tensor | None, static_groups: bool) -> ColumnGrid:
+                group_of_pos: torch.Tensor | None, static_groups: bool,
+                importance: torch.Tensor | None = None) -> ColumnGrid:
     """The grid over ``qparams_before_solve``'s ``scale`` and ``zp`` (``group_of_pos``: each solve
-    position's group, None without groups)."""
+    position's group, None without groups; ``importance``: ``diag(H)`` in solve order, which lazy
+    groups weigh their columns by under ``imatrix_mse``)."""
     col_args = dataclasses.replace(args, strategy="channel", group_size=None, actorder=None)
     if group_of_pos is None:
         grid = ColumnGrid(scale, zp, col_args)
@@ -120,6 +128,7 @@ def column_grid(scale: torch.Tensor, zp: torch.Tensor | None, args: QuantArgs,
         # positions (in solve order) of each group's columns; a group is fixed at its first
         grid.members = torch.argsort(group_of_pos, stable=True).reshape(-1, args.group_size)
         grid.fixed_at = {p: g for g, p in enumerate(grid.members[:, 0].tolist())}
+        grid.importance = importance if args.observer == "imatrix_mse" else None
     return grid
 
 

@@ -10,7 +10,8 @@ first column, from its columns as updated so far (or from the original weight wi
 is fixed. Columns are visited in their
 own order, or with ``actorder="weight"`` in order of decreasing ``diag(H)`` with every group's
 scale fixed from the original weight before the solve (a column's group stays the one it has in
-the weight, so formats that store no ``g_idx`` hold the result as they are).
+the weight, so formats that store no ``g_idx`` hold the result as they are). A group's scale comes
+from the scheme's observer; ``imatrix_mse`` weighs its columns by ``diag(H)``.
 
 Example:
     >>> from quantkit.config.scheme import QuantArgs
@@ -53,9 +54,11 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, fmt: NumberFormat | str, s
     out_dtype = W_in.dtype
     gs = fmt.global_scale(W_in)
     H_obj = H_in.to(GPTQ_PRECISION)
+    importance = torch.diagonal(H_obj)   # each column's mean squared input, for imatrix_mse
     dead = torch.diagonal(H_obj) == 0 if asymmetry is not None else None
     W, H, n_dead = _without_dead_columns(W_in.to(GPTQ_PRECISION).clone(), H_obj.clone())
-    static = fmt.scales(W_in, global_scale=gs).scale if settings.static_groups or actorder else None
+    static = fmt.scales(W_in, global_scale=gs, importance=importance).scale if settings.static_groups or actorder \
+        else None
     perm = None
     if actorder:
         perm = torch.argsort(torch.diagonal(H), descending=True, stable=True)
@@ -71,7 +74,7 @@ def solve_fp4(W_in: torch.Tensor, H_in: torch.Tensor, fmt: NumberFormat | str, s
     steps = None if perm is None else fmt.step(QParams(static, None, gs)).to(GPTQ_PRECISION)[:, perm // G]
     for i1 in range(0, Wt.shape[0], settings.block_size):
         i2 = min(i1 + settings.block_size, Wt.shape[0])
-        Err1, W1 = _fp4_block(Wt, (inv.U, P), (i1, i2), (fmt, gs, static, out_dtype, steps),
+        Err1, W1 = _fp4_block(Wt, (inv.U, P), (i1, i2), (fmt, gs, static, out_dtype, steps, importance),
                               (codes_t, Q_t, scales))
         Wt[i2:].addmm_(inv.U[i1:i2, i2:].T, Err1, alpha=-1.0)
         if P is not None:   # GPTAQ: each column's correction, from the value it was rounded from
@@ -94,7 +97,7 @@ def _fp4_block(Wt: torch.Tensor, factors: tuple, span: tuple[int, int], grid: tu
     """Columns ``span`` of ``Wt`` (``[cols, rows]``) rounded one by one, each error (and GPTAQ's
     correction ``P``, when given) moving the block's later columns; returns the block's scaled
     errors and the values its columns were rounded from, for the columns after it."""
-    (U, P), (i1, i2), (fmt, gs, static, out_dtype, steps), (codes_t, Q_t, scales) = \
+    (U, P), (i1, i2), (fmt, gs, static, out_dtype, steps, importance), (codes_t, Q_t, scales) = \
         factors, span, grid, out
     G = fmt.group_size
     W1 = Wt[i1:i2].clone()
@@ -110,7 +113,8 @@ def _fp4_block(Wt: torch.Tensor, factors: tuple, span: tuple[int, int], grid: tu
             if static is not None:
                 s = static[:, p // G]
             else:
-                s = fmt.scales(W1[i:i + G].T.to(out_dtype), global_scale=gs).scale[:, 0]
+                s = fmt.scales(W1[i:i + G].T.to(out_dtype), global_scale=gs,
+                               importance=importance[p:p + G]).scale[:, 0]
             scales.append(s)
             step = fmt.step(QParams(s, None, gs)).to(GPTQ_PRECISION)
         w = W1[i]
@@ -145,7 +149,7 @@ def _fp4_health(W_in: torch.Tensor, Q: torch.Tensor, H: torch.Tensor, fmt: Numbe
                 gs: torch.Tensor | None) -> list[torch.Tensor]:
     """Per row: the output error of ``Q``, that of round-to-nearest under the same global scale,
     and the output's energy (means over the calibration tokens)."""
-    qp = fmt.scales(W_in, global_scale=gs)
+    qp = fmt.scales(W_in, global_scale=gs, importance=torch.diagonal(H))
     rtn = fmt.dequantize(fmt.quantize(W_in, qp), qp).to(GPTQ_PRECISION)
     W = W_in.to(GPTQ_PRECISION)
     deltas = torch.cat([W - Q, W - rtn, W])

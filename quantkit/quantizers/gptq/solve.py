@@ -155,14 +155,14 @@ def solve(W_in: torch.Tensor, H_in: torch.Tensor, args: QuantArgs, settings: Sol
 
     perm = torch.argsort(torch.diagonal(H), descending=True, stable=True) if args.actorder else None
     group_of_col = column_groups(W.shape[1], args, perm, W.device)
-    scale, zp = qparams_before_solve(W, args, group_of_col, settings.static_groups, out_dtype)
+    scale, zp = qparams_before_solve(W, args, group_of_col, settings.static_groups, out_dtype, torch.diagonal(H))
     group_of_pos = group_of_col
     if perm is not None:
         W = W[:, perm]
         H = H[perm]
         H = H[:, perm]   # the unpermuted copy freed first: one n x n matrix less at once
         group_of_pos = group_of_col[perm] if group_of_col is not None else None
-    grid = column_grid(scale, zp, args, group_of_pos, settings.static_groups)
+    grid = column_grid(scale, zp, args, group_of_pos, settings.static_groups, torch.diagonal(H).clone())
 
     inv = inverse_hessian_factor(H, settings.dampening_frac, settings.max_damping_retries)
     del H
