@@ -25,7 +25,8 @@ from quantkit.recipe import load_recipe
 from quantkit.workflows import convert as api
 from quantkit.workflows.torchrun import relaunch_on_ranks
 from quantkit.workflows.model_card import check_lang, write_card
-from quantkit.workflows.model_free import ASKED, ModelFreeOptions, check_flags, convert_model_free, model_free_reason
+from quantkit.workflows.model_free import ModelFreeOptions, convert_model_free
+from quantkit.workflows.model_free_choice import ASKED, check_flags, model_free_reason
 from quantkit.workflows.smallest_go import RESULT_FILE, smallest_go
 
 EMBEDDED_NAME = "smollm2-135m-instruct"
