@@ -319,9 +319,9 @@ def table(rows: list[dict], model: str) -> str:
         errors = [r["error"] for r in rs if "error" in r]
         note = "; ".join(notes + [f"error: `{quote(e)}`" for e in errors[:1]])
         lines.append(f"| {fmt} | {kit} | {recipe} | {spread([r['perplexity'] for r in ok], 3)} | "
-                     f"{spread([r['kl_mean'] for r in ok if 'kl_mean' in r], 4)} | "
-                     f"{spread([r['cpu_s'] for r in ok if 'cpu_s' in r], 0)} | "
-                     f"{spread([r['peak_rss_mib'] for r in ok if 'peak_rss_mib' in r], 0)} | "
+                     f"{spread([r['kl_mean'] for r in ok if r.get('kl_mean') is not None], 4)} | "
+                     f"{spread([r['cpu_s'] for r in ok if r.get('cpu_s') is not None], 0)} | "
+                     f"{spread([r['peak_rss_mib'] for r in ok if r.get('peak_rss_mib') is not None], 0)} | "
                      f"{note.replace('|', '/').replace(chr(10), ' ')} |")
     return "\n".join(lines)
 
@@ -409,8 +409,11 @@ def run_model(model: str, jobs: list[tuple], a) -> None:
             row.update(run_cell(toolkit, fmt, recipe, settings, data, a))
             out_dir = Path(row.pop("out"))
             if "error" not in row:
-                row.update(score(base, out_dir, tok, held, bos, a.kl_max_len))
-            if not a.keep:
+                try:   # a failure here keeps the worker's figures and its model, for scoring again
+                    row.update(score(base, out_dir, tok, held, bos, a.kl_max_len))
+                except Exception as e:
+                    row["error"] = f"scoring {out_dir}: {type(e).__name__}: {e}"
+            if not a.keep and "error" not in row:
                 shutil.rmtree(out_dir, ignore_errors=True)
         if "error" not in row:
             row.pop("traceback", None)
