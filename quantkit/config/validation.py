@@ -71,7 +71,7 @@ def parse(cls: type[T], data: Any, where: str = "") -> T:
 def check_flag(cls: type, key: str, value: Any, flag: str) -> Any:
     """A command-line ``flag`` that stands for field ``key`` of ``cls``, checked as that field is.
 
-    >>> from quantkit.evaluation.section import EvalSection
+    >>> from quantkit.evaluation.eval_section import EvalSection
     >>> check_flag(EvalSection, "max_len", 0, "--max-len")
     Traceback (most recent call last):
     quantkit.errors.QuantkitError: --max-len: must be >= 16, got 0

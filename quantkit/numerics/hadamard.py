@@ -1,4 +1,4 @@
-"""Orthonormal Hadamard matrices of the sizes models have, for rotations (transforms/rotation.py).
+"""Orthonormal Hadamard matrices of the sizes models have, for rotations (transforms/hadamard_rotations.py).
 
 A Hadamard matrix ``H`` of order ``n`` has entries +-1 and ``H H^T = n I``; ``H / sqrt(n)`` is
 orthogonal and spreads every coordinate over all ``n``, which is why rotating a weight's input

@@ -22,7 +22,7 @@ from quantkit.pipeline.onload import build_skeleton
 from quantkit.recipe import Recipe
 from quantkit.steps import build_algorithm
 from quantkit.transforms.rotate import Rotate
-from quantkit.transforms.rotation import rotation_matrices, rotation_problem
+from quantkit.transforms.hadamard_rotations import rotation_matrices, rotation_problem
 
 #: Rows turned at a time: an embedding of 150k x 8k stays a few hundred MiB in float64 per chunk.
 ROWS = 8192

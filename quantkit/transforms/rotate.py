@@ -1,4 +1,4 @@
-"""The ``rotate`` step: rotation.py's Hadamard rotations as the first step of a recipe's chain.
+"""The ``rotate`` step: hadamard_rotations.py's Hadamard rotations as the first step of a recipe's chain.
 
 Inside each decoder layer the step folds the rotations into the layer before the other steps
 search on it; the residual rotation's parts outside the layers (embedding, final norm, LM head)
@@ -17,13 +17,13 @@ import torch
 from quantkit.errors import QuantkitError
 
 from quantkit.steps.base import LayerContext, Transform, TransformResult, register_algorithm
-from quantkit.transforms.rotation import Rotations, matrices_of, rotate_layer, rotation_signs
+from quantkit.transforms.hadamard_rotations import Rotations, matrices_of, rotate_layer, rotation_signs
 
 
 @register_algorithm("rotate")
 @dataclass
 class Rotate(Transform):
-    """Randomised Hadamard rotations folded into the weights (transforms/rotation.py)."""
+    """Randomised Hadamard rotations folded into the weights (transforms/hadamard_rotations.py)."""
 
     requires_calibration: ClassVar[bool] = False
     must_be_first: ClassVar[bool] = True

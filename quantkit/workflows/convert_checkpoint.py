@@ -19,7 +19,7 @@ from typing import Callable
 from quantkit.common import distributed
 from quantkit.common.outputs import OutputPolicy
 from quantkit.errors import QuantkitError
-from quantkit.evaluation.section import check_eval_section
+from quantkit.evaluation.eval_section import check_eval_section
 from quantkit.formats.writer import prepare_output
 from quantkit.recipe import load_recipe
 from quantkit.workflows import convert as api

@@ -16,7 +16,7 @@ from quantkit.config.validation import check_flag
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.footprint import deployment_footprint
 from quantkit.serving.engine_options import EngineOptions
-from quantkit.evaluation.section import check_eval_section
+from quantkit.evaluation.eval_section import check_eval_section
 from quantkit.recipe import load_recipe
 from quantkit.kv_cache import kv_options
 from quantkit.evaluation.evaluator import EvalConfig, evaluate
@@ -26,7 +26,7 @@ from quantkit.evaluation.context import deployment_length
 from quantkit.evaluation.integrity import check_checkpoint
 from quantkit.evaluation.kv_options import candidate_kv
 from quantkit.evaluation.languages import language_gate
-from quantkit.evaluation.section import EvalSection, suite_options
+from quantkit.evaluation.eval_section import EvalSection, suite_options
 from quantkit.evaluation.slices import load_suite
 from quantkit.evaluation.evaluator import evaluate_served
 from quantkit.evaluation.served_pair import served_models

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 from arch_configs import tiny_config
 from quantkit.arch.table import ARCHITECTURES
 from quantkit.numerics.hadamard import hadamard, hadamard_base
-from quantkit.transforms.rotation import Rotations, rotate_model, rotation_problem
+from quantkit.transforms.hadamard_rotations import Rotations, rotate_model, rotation_problem
 
 DENSE = ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
          "Phi3ForCausalLM"]

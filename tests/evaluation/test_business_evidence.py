@@ -16,7 +16,7 @@ from quantkit.evaluation import evaluate
 from quantkit.evaluation.business import STOP_BUDGET, STOP_EXHAUSTED, STOP_ROW_CAP
 from quantkit.cli.eval_command import eval_command
 from quantkit.workflows.evaluate import evaluate_paths
-from quantkit.evaluation.section import check_eval_section
+from quantkit.evaluation.eval_section import check_eval_section
 from quantkit.evaluation.slices import SuiteOptions
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide, insufficient
 

@@ -16,7 +16,7 @@ from quantkit.workflows.evaluate import evaluate_paths
 from quantkit.evaluation.business import business_slices
 from quantkit.evaluation.languages import (LanguageGate, language_gate, model_card_languages,
                                            parse_languages, slice_language)
-from quantkit.evaluation.section import check_eval_section
+from quantkit.evaluation.eval_section import check_eval_section
 from quantkit.evaluation.slices import Slice, SuiteOptions
 from quantkit.evaluation.verdict import GO, NOGO, REVIEW, decide
 from quantkit.recipe import load_recipe
