@@ -50,6 +50,8 @@ FP8 = {"num_bits": 8, "type": "float", "symmetric": True}
 INT4 = {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64}
 INT3 = dict(INT4, num_bits=3)
 GPTQ_WEIGHTS = {"actorder": "weight", "observer": "mse"}
+NVFP4 = {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16}
+IMATRIX = "imatrix_mse"
 
 
 def _group(weights: dict, acts: dict | None = None) -> dict:
@@ -72,6 +74,12 @@ RUNS = {
     "w4a16-g64-gptaq": (_group(dict(INT4, **GPTQ_WEIGHTS)), {"name": "gptq", "gptaq": True}),
     "w3a16-g64": (_group(INT3), "rtn"),
     "w3a16-g64-gptq": (_group(dict(INT3, **GPTQ_WEIGHTS)), "gptq"),
+    # importance-weighted ranges (observer imatrix_mse): against min-max / mse RTN and the shipped GPTQ
+    "w4a16-g64-mse": (_group(dict(INT4, observer="mse")), "rtn"),
+    "w4a16-g64-imatrix": (_group(dict(INT4, observer=IMATRIX)), "rtn"),
+    "w4a16-g64-gptq-imatrix": (_group(dict(INT4, **dict(GPTQ_WEIGHTS, observer=IMATRIX))), "gptq"),
+    "nvfp4a16-imatrix": (_group(dict(NVFP4, observer=IMATRIX)), "rtn"),
+    "nvfp4a16-gptq-imatrix": (_group(dict(NVFP4, actorder="weight", observer=IMATRIX)), "gptq"),
 }
 
 
