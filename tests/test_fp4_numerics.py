@@ -13,7 +13,7 @@ from compressed_tensors.quantization.utils.helpers import (calculate_qparams, co
 from compressed_tensors.quantization.utils.mxfp_utils import generate_mx_scales
 
 from quantkit.numerics.e8m0 import exponent_to_scale, scale_exponent
-from quantkit.numerics.fp4 import (E2M1_GRID, e2m1_values, fake_quantize_fp4_input, quantize_fp4_weight,
+from quantkit.numerics.fp4_numerics import (E2M1_GRID, e2m1_values, fake_quantize_fp4_input, quantize_fp4_weight,
                                    round_to_e2m1)
 
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 from quantkit.numerics.primitives import (FP8_MAX, calculate_qparams, dequantize, fake_quantize, quantize,
                                  quantize_weight, sqnr_db)
 from quantkit.config.scheme import PRESETS, QuantArgs, fp4_kind
-from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
+from quantkit.numerics.fp4_numerics import dequantize_fp4, quantize_fp4_weight
 
 
 def _args(bits, sym, strategy, group):
@@ -65,7 +65,7 @@ SQNR_FLOOR = {"W4A16": 18.5, "W4A16_ASYM": 19.3, "W8A16": 41.5, "W8A8": 41.5, "F
 def test_sqnr_per_scheme(name):
     w = torch.randn(256, 512, generator=torch.Generator().manual_seed(1))
     args = PRESETS[name].weights
-    if fp4_kind(args) is not None:    # FP4 has its own scales (numerics/fp4.py)
+    if fp4_kind(args) is not None:    # FP4 has its own scales (numerics/fp4_numerics.py)
         w_hat = dequantize_fp4(quantize_fp4_weight(w, fp4_kind(args)), fp4_kind(args))
     else:
         q, s, z = quantize_weight(w, args)
@@ -74,7 +74,7 @@ def test_sqnr_per_scheme(name):
 
 
 def test_integer_and_fp8_primitives_refuse_fp4_args():
-    with pytest.raises(ValueError, match="numerics/fp4.py"):
+    with pytest.raises(ValueError, match="numerics/fp4_numerics.py"):
         quantize_weight(torch.randn(4, 32), PRESETS["MXFP4A16"].weights)
 
 

@@ -15,10 +15,10 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.numerics.primitives import dequantize
 from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind
-from quantkit.formats.fp4 import FP4_FORMATS, compress_fp4_module, decompress_fp4_module, unpack_fp4
+from quantkit.formats.fp4_packed import FP4_FORMATS, compress_fp4_module, decompress_fp4_module, unpack_fp4
 from quantkit.formats.packing import pack_int32, unpack_int32
 from quantkit.numerics.e8m0 import exponent_to_scale, scale_to_exponent
-from quantkit.numerics.fp4 import FP4Weight
+from quantkit.numerics.fp4_numerics import FP4Weight
 
 CT_VERSION = "0.12.2"  # the config layout written here is read by compressed-tensors >= 0.10
 FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "mxfp8-quantized", *FP4_FORMATS)
@@ -35,7 +35,7 @@ def compress_module(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tens
                     global_scale: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Tensors of one quantized Linear, named as the format names them (without the prefix).
 
-    FP4 formats (``formats/fp4.py``): ``q`` holds E2M1 codes, ``global_scale`` NVFP4's weight
+    FP4 formats (``formats/fp4_packed.py``): ``q`` holds E2M1 codes, ``global_scale`` NVFP4's weight
     global scale and ``input_scale`` its input global scale.
     """
     if fp4_kind(scheme.weights) is not None:

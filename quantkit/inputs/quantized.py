@@ -31,7 +31,7 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import group_for
 from quantkit.numerics.e8m0 import BIAS
-from quantkit.numerics.fp4 import e2m1_values
+from quantkit.numerics.fp4_numerics import e2m1_values
 
 #: Each stored tensor as its safetensors header gives it: (dtype name, shape).
 Headers = Mapping[str, tuple[str, tuple[int, ...]]]

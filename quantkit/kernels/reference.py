@@ -14,10 +14,10 @@ import torch.nn.functional as F
 from quantkit.formats.packing import unpack_int32
 from quantkit.numerics.primitives import FP8_DTYPE, FP8_MAX, dequantize, quantize_dynamic_per_token
 from quantkit.config.scheme import fp4_kind
-from quantkit.formats.fp4 import FP4_FORMATS, unpack_fp4
+from quantkit.formats.fp4_packed import FP4_FORMATS, unpack_fp4
 from quantkit.kernels.dequant_linear import dequant_linear, needs_dequant_linear
 from quantkit.numerics.e8m0 import exponent_to_scale
-from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4, fake_quantize_fp4_input
+from quantkit.numerics.fp4_numerics import FP4Weight, dequantize_fp4, fake_quantize_fp4_input
 
 
 def dequantized_weight(layer) -> torch.Tensor:

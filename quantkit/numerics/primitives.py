@@ -215,7 +215,7 @@ def weight_qparams(w: torch.Tensor, args: QuantArgs, g_idx: torch.Tensor | None 
     """Scale and zero point for a weight under ``args`` (min-max or MSE-clipped range)."""
     if args.type == "float" and args.num_bits == 4:
         # FP4's scales are FP8 under a global scale, or E8M0: the integer/FP8 path would make FP8 codes
-        raise ValueError("FP4 weights are quantized by numerics/fp4.py, not the integer/FP8 primitives")
+        raise ValueError("FP4 weights are quantized by numerics/fp4_numerics.py, not the integer/FP8 primitives")
     if args.observer == "mse":
         lo, hi = _mse_range(w, args, g_idx)
     else:

@@ -16,7 +16,7 @@ from quantkit.formats.writer import ShardWriter
 from quantkit.common.jsonio import nonfinite_warning, tagged_floats
 from quantkit.kv_cache import KVObserver
 from quantkit.numerics.primitives import calculate_qparams
-from quantkit.numerics.fp4 import nvfp4_global_scale
+from quantkit.numerics.fp4_numerics import nvfp4_global_scale
 from quantkit.config.scheme import fp4_kind
 from quantkit.pipeline.coverage import coverage_lines
 from quantkit.pipeline.onload import config_dtype

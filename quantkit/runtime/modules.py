@@ -56,7 +56,7 @@ class QuantLinear(nn.Module):
         self._cache: dict = {}
 
     def _fp4_buffers(self, w, a, kw) -> None:
-        """The FP4 formats' tensors (formats/fp4.py): packed nibbles, FP8 or E8M0 group scales,
+        """The FP4 formats' tensors (formats/fp4_packed.py): packed nibbles, FP8 or E8M0 group scales,
         NVFP4's global scales."""
         out_f, in_f = self.out_features, self.in_features
         kind = fp4_kind(w)

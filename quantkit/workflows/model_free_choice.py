@@ -17,6 +17,9 @@ def data_free_refusal(recipe: Recipe) -> str | None:
             return (f"steps[{k}]: '{step.name}' needs the model's layers and calibration data; a model-free "
                     "conversion rounds to nearest only (drop --model-free)")
     for key, s in recipe.groups.items():
+        if s.weights is not None and s.weights.observer == "imatrix_mse":
+            return (f"config_groups.{key}.weights.observer: imatrix_mse weighs each column by its inputs, read "
+                    "from calibration data; a model-free conversion has none (drop --model-free, or use mse)")
         if s.input_activations is not None and s.input_activations.calibrated:
             return (f"config_groups.{key}.input_activations: static scales are calibrated on data; a model-free "
                     "conversion takes dynamic activations only (drop --model-free)")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
-from quantkit.quantizers.gptq.fp4 import solve_fp4
+from quantkit.numerics.fp4_numerics import dequantize_fp4, quantize_fp4_weight
+from quantkit.quantizers.gptq.format_grid import solve_fp4
 from quantkit.quantizers.gptq.solve import SolveSettings
 
 

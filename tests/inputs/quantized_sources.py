@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from quantkit.numerics.e8m0 import scale_exponent
-from quantkit.numerics.fp4 import round_to_e2m1
+from quantkit.numerics.fp4_numerics import round_to_e2m1
 
 FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
 MXFP4_CONFIG = {"quant_method": "mxfp4",

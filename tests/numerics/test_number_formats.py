@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quantkit.config.scheme import QuantArgs
-from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
+from quantkit.numerics.fp4_numerics import dequantize_fp4, quantize_fp4_weight
 from quantkit.numerics.number_formats import FORMATS, Clip, format_name, number_format
 from quantkit.numerics.primitives import dequantize, quantize_weight
 

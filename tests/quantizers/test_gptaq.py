@@ -11,14 +11,14 @@ import quantkit
 from model_factory import random_ids
 from quantkit.config.scheme import QuantArgs
 from quantkit.errors import QuantkitError
-from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
+from quantkit.numerics.fp4_numerics import FP4Weight, dequantize_fp4
 from quantkit.numerics.primitives import calculate_qparams, dequantize, reduce_minmax
 from quantkit.pipeline.passes import CalibrationPasses
 from quantkit.quantizers.gptq import columns as columns_mod
 from quantkit.quantizers.gptq import gptaq as gptaq_mod
 from quantkit.quantizers.gptq import hessian as hessian_mod
 from quantkit.quantizers.gptq import solve as solve_mod
-from quantkit.quantizers.gptq.fp4 import solve_fp4
+from quantkit.quantizers.gptq.format_grid import solve_fp4
 from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.hessian import accumulate_asymmetry, accumulate_hessian
 from quantkit.quantizers.gptq.solve import SolveSettings, solve

@@ -16,7 +16,7 @@ import quantkit
 from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.number_formats import number_format
 from quantkit.quantizers.gptq import gptq_quantize_weight
-from quantkit.quantizers.gptq.fp4 import solve_fp4
+from quantkit.quantizers.gptq.format_grid import solve_fp4
 from quantkit.quantizers.gptq.solve import SolveSettings
 from quantkit.recipe import Recipe
 

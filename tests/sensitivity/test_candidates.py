@@ -9,8 +9,8 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.compressed_tensors import compress_module
 from quantkit.numerics.primitives import quantize_weight
 from quantkit.config.scheme import QuantArgs, QuantScheme, fp4_kind, preset
-from quantkit.formats.fp4 import compress_fp4_module
-from quantkit.numerics.fp4 import quantize_fp4_weight
+from quantkit.formats.fp4_packed import compress_fp4_module
+from quantkit.numerics.fp4_numerics import quantize_fp4_weight
 from quantkit.sensitivity import bits_per_weight, candidate, candidates_from, weight_bytes
 
 FORMATS = [

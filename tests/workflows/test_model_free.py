@@ -354,6 +354,12 @@ def test_a_users_folder_is_never_replaced(tmp_path):
 def test_api_refuses_a_data_driven_recipe_and_a_model_in_memory(llama):
     with pytest.raises(QuantkitError, match=r"steps\[0\]: 'gptq'"):
         quantkit.quantize_model_free(llama, "w4a16-g64-gptq")
+    # an observer that weighs columns by their inputs needs data too: refused, not run as plain MSE
+    weighted = {"version": 1, "config_groups": {"g": {"targets": ["Linear"], "weights": {
+        "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 32,
+        "observer": "imatrix_mse"}}}, "ignore": ["lm_head"]}
+    with pytest.raises(QuantkitError, match=r"config_groups\.g\.weights\.observer: imatrix_mse"):
+        quantkit.quantize_model_free(llama, weighted)
     with pytest.raises(QuantkitError, match="not a Linear"):
         quantkit.quantize_model_free(torch.nn.Linear(4, 4), "w8a16")
     with pytest.raises(QuantkitError, match="--targets"):

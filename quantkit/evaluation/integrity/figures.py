@@ -55,7 +55,7 @@ import torch
 
 from quantkit.numerics.primitives import dequantize, quantize_weight
 from quantkit.config.scheme import QuantArgs, fp4_kind
-from quantkit.numerics.fp4 import dequantize_fp4, quantize_fp4_weight
+from quantkit.numerics.fp4_numerics import dequantize_fp4, quantize_fp4_weight
 
 SHARE = 0.25            # a part's expected error is at least this share of its parent's, per element
 FLOOR_DB = 70.0         # a module's expected SQNR counts as at most this (exact grids, zero weights)

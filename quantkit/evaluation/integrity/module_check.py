@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from quantkit.formats.compressed_tensors import (compress_module, decompress_module, unpack_module_codes)
-from quantkit.formats.fp4 import compress_fp4_module
+from quantkit.formats.fp4_packed import compress_fp4_module
 from quantkit.numerics.e8m0 import exponent_to_scale
-from quantkit.numerics.fp4 import FP4Weight
+from quantkit.numerics.fp4_numerics import FP4Weight
 from quantkit.numerics.primitives import FP8_DTYPE, dequantize
 from quantkit.config.scheme import QuantScheme, fp4_kind
 from quantkit.evaluation.integrity.figures import EXCESS_CAP_DB, reconstruction

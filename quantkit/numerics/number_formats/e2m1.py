@@ -1,4 +1,4 @@
-"""What NVFP4 and MXFP4 share: E2M1 elements (``numerics/fp4.py``) in contiguous groups along
+"""What NVFP4 and MXFP4 share: E2M1 elements (``numerics/fp4_numerics.py``) in contiguous groups along
 the input dimension, one scale per group, no ``g_idx``. The two differ in their scales only.
 """
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from quantkit.numerics.fp4 import (FP4_MAX, FP4Weight, dequantize_fp4, e2m1_values, effective_scale, fp4_scales,
+from quantkit.numerics.fp4_numerics import (FP4_MAX, FP4Weight, dequantize_fp4, e2m1_values, effective_scale, fp4_scales,
                                    quantize_fp4, round_to_e2m1)
 from quantkit.numerics.number_formats.base import Clip, NumberFormat, QParams, straight_through
 

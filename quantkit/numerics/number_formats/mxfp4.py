@@ -13,7 +13,7 @@ import torch
 
 from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.e8m0 import scale_exponent
-from quantkit.numerics.fp4 import FP4_EMAX
+from quantkit.numerics.fp4_numerics import FP4_EMAX
 from quantkit.numerics.number_formats.base import number_format, register_format
 from quantkit.numerics.number_formats.e2m1 import E2M1Format
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from quantkit.config.scheme import QuantArgs
-from quantkit.numerics.fp4 import nvfp4_global_scale, nvfp4_group_scales
+from quantkit.numerics.fp4_numerics import nvfp4_global_scale, nvfp4_group_scales
 from quantkit.numerics.number_formats.base import number_format, register_format
 from quantkit.numerics.number_formats.e2m1 import E2M1Format
 

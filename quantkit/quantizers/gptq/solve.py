@@ -115,7 +115,7 @@ class GPTQResult:
     damping: float
     damping_retries: int
     dead_columns: int
-    global_scale: torch.Tensor | None = None   # the format's, when it has one (gptq/fp4.py): fixed first
+    global_scale: torch.Tensor | None = None   # the format's, when it has one (gptq/format_grid.py): fixed first
 
 
 def gptq_quantize_weight(

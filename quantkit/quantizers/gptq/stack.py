@@ -15,7 +15,7 @@ from quantkit.common.distributed import merge_mean
 from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
 from quantkit.numerics.number_formats import number_format
-from quantkit.quantizers.gptq.fp4 import solve_fp4
+from quantkit.quantizers.gptq.format_grid import solve_fp4
 from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.solve import GPTQResult, SolveSettings, solve
 

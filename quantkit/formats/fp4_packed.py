@@ -23,7 +23,7 @@ from typing import Mapping
 import torch
 
 from quantkit.config.scheme import QuantScheme, fp4_kind
-from quantkit.numerics.fp4 import FP4Weight, dequantize_fp4
+from quantkit.numerics.fp4_numerics import FP4Weight, dequantize_fp4
 
 FP4_FORMATS = ("nvfp4-pack-quantized", "mxfp4-pack-quantized")
 
