@@ -158,11 +158,16 @@ def run(args) -> None:
                          for s, v in result.slices.items()}
         row["verdict"] = {"decision": result.verdict.decision, "slices": result.verdict.slices,
                           "reasons": [r.text() for r in result.verdict.reasons]}
-        say(f"{fmt} {name}: {row['verdict']['decision']}, mean KL "
-            f"{sum(v['kl_mean'] for v in row['slices'].values()) / len(row['slices']):.4f}")
         if args.json:
             with args.json.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
+        say(f"{fmt} {name}: {row['verdict']['decision']}, mean KL {mean_kl(row):.4f}")
+
+
+def mean_kl(row: dict) -> float:
+    """Mean KL over the slices that measure it (a multiple-choice slice, knowledge-en, does not)."""
+    kls = [v["kl_mean"] for v in row["slices"].values() if "kl_mean" in v]
+    return sum(kls) / len(kls)
 
 
 def cells(args) -> list[tuple[str, str]]:
@@ -171,6 +176,12 @@ def cells(args) -> list[tuple[str, str]]:
     if args.cells:
         return [tuple(c.split(":", 1)) for c in args.cells.split(",")]
     return [(f, s) for f in args.formats.split(",") for s in args.sets.split(",")]
+
+
+def _cell(row: dict, s: str) -> str:
+    v = row["slices"].get(s, {})
+    shown = f"{v['kl_mean']:.4f} ({v.get('top1_agreement', float('nan')):.3f})" if "kl_mean" in v else "n/a"
+    return f"{shown} {row['verdict']['slices'].get(s, '')}"
 
 
 def report(files: list[Path]) -> None:
@@ -187,10 +198,8 @@ def report(files: list[Path]) -> None:
         print("| slice | " + " | ".join(names) + " |")
         print("| --- |" + " --- |" * len(names))
         for s in slices:
-            print(f"| {s} | " + " | ".join(
-                f"{by_set[n]['slices'][s]['kl_mean']:.4f} ({by_set[n]['slices'][s]['top1_agreement']:.3f}) "
-                f"{by_set[n]['verdict']['slices'][s]}" for n in names) + " |")
-        means = {n: sum(v["kl_mean"] for v in by_set[n]["slices"].values()) / len(slices) for n in names}
+            print(f"| {s} | " + " | ".join(_cell(by_set[n], s) for n in names) + " |")
+        means = {n: mean_kl(by_set[n]) for n in names}
         print("| **mean over slices** | " + " | ".join(
             f"**{means[n]:.4f}** ({means[n] / means['traffic']:.2f}x)" if "traffic" in means else f"**{means[n]:.4f}**"
             for n in names) + " |")
