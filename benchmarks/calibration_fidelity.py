@@ -267,7 +267,7 @@ def calibration_ids(condition: str, seed: int, paths: dict[str, Path], tok, n: i
 
     affixes = special_affixes(tok)
     if condition in ("traffic", "sqrt", "balanced"):
-        from quantkit.calibration.api import calibrate
+        from quantkit.calibration.calibration_set import calibrate
         res = calibrate(paths["traffic"], tok, num_samples=n, max_len=max_len, seed=seed, policy=condition)
         return res.input_ids, dict(Counter(s["task"] for s in res.samples))
     rng = random.Random(seed)

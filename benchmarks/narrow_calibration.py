@@ -91,7 +91,7 @@ def coverage(manifest: dict) -> dict:
 
 def calibration_set(name: str, log: str, tok, n: int, seed: int) -> tuple[list[list[int]], dict]:
     """Token ids of one set and its coverage."""
-    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.calibration_set import calibrate
 
     base, _, mixed = name.partition("+generic")
     path = {"traffic": source_log(log), "one-task": task_log(log, ONE_TASK),

@@ -38,7 +38,7 @@ class Inputs:
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Inputs:
     import quantkit
-    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.calibration_set import calibrate
 
     root = tmp_path_factory.mktemp("hostile-template")
     model = save_byte_tokenizer(make_llama_dir(root / "model", vocab=260))

@@ -199,7 +199,7 @@ def test_a_50_mb_calibration_row_is_skipped_unread_and_the_log_refused(case):
 def test_long_rows_are_cut_while_read_and_still_counted_truncated(tmp_path):
     import json
 
-    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.calibration_set import calibrate
     from quantkit.calibration.io import read_log, row_byte_limit
 
     log = tmp_path / "long.jsonl"

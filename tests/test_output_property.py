@@ -30,7 +30,7 @@ RELATIONS = ("equal", "parent", "child", "grandchild", "sibling", "link-to", "al
 @pytest.fixture(scope="module")
 def template(tmp_path_factory) -> Path:
     import quantkit
-    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.calibration_set import calibrate
 
     root = tmp_path_factory.mktemp("property-template")
     model = save_byte_tokenizer(make_llama_dir(root / "model", vocab=260))

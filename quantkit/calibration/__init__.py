@@ -9,9 +9,9 @@ bucket) cell is covered, and proves it with a manifest and a coverage report.
 """
 
 from quantkit.calibration.allocate import allocate
-from quantkit.calibration.api import CalibrationResult, calibrate, default_log_path, load_calibration
+from quantkit.calibration.calibration_set import CalibrationResult, calibrate, default_log_path, load_calibration
 from quantkit.calibration.config import DEFAULT_LENGTH_EDGES, FieldMap, SamplerConfig
-from quantkit.calibration.tasks import TASK_TYPES, infer_task
+from quantkit.calibration.task_types import TASK_TYPES, infer_task
 
 __all__ = [
     "CalibrationResult", "DEFAULT_LENGTH_EDGES", "FieldMap", "SamplerConfig", "TASK_TYPES",

@@ -9,7 +9,7 @@ import html
 import re
 from typing import Any, Callable
 
-from quantkit.calibration.plots import SERIES, figure_series, png_base64
+from quantkit.calibration.coverage_plots import SERIES, figure_series, png_base64
 from quantkit.common.i18n import DEFAULT_LANG, HTML_LANG, Catalog, reworded
 from quantkit.common.jsonio import script_json
 from quantkit.common.markdown_text import md_code, md_row, md_text

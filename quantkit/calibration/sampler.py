@@ -20,7 +20,7 @@ from quantkit.calibration.encoding import (Affixes, count_tokens, encode_ids, tr
                                            with_affixes)
 from quantkit.calibration.language import detect_language
 from quantkit.calibration.render import Row
-from quantkit.calibration.tasks import infer_task, user_labels
+from quantkit.calibration.task_types import infer_task, user_labels
 
 Cell = tuple[str, str]  # (task type, length-bucket label)
 

@@ -54,7 +54,7 @@ def calibrate_command(
 ) -> None:
     """Draw a calibration set covering every task type and length range of a traffic log, with a
     manifest and a coverage report (Markdown, HTML, JSON)."""
-    from quantkit.calibration.api import calibrate
+    from quantkit.calibration.calibration_set import calibrate
 
     try:
         check_lang(lang)

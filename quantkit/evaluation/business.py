@@ -30,7 +30,7 @@ from quantkit.calibration.config import FieldMap
 from quantkit.calibration.dedup import content_key
 from quantkit.calibration.io import file_sha256, read_log
 from quantkit.calibration.render import RowError, clean_messages, render_record
-from quantkit.calibration.tasks import infer_task, user_labels
+from quantkit.calibration.task_types import infer_task, user_labels
 from quantkit.errors import QuantkitError
 from quantkit.config.validation import json_object
 from quantkit.evaluation.label_tasks import label_set

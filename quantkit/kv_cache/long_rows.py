@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from quantkit.calibration.api import _render, default_log_path
+from quantkit.calibration.calibration_set import _render, default_log_path
 from quantkit.calibration.config import SamplerConfig
 from quantkit.calibration.encoding import count_tokens, encode_ids, special_affixes, truncate, with_affixes
 from quantkit.calibration.io import read_log, row_byte_limit
-from quantkit.calibration.store import is_sampler_output, read_output
+from quantkit.calibration.output_folder import is_sampler_output, read_output
 
 
 

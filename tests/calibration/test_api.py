@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from quantkit.calibration import SamplerConfig, calibrate, load_calibration
-from quantkit.calibration.api import default_log_path
+from quantkit.calibration.calibration_set import default_log_path
 from quantkit.errors import QuantkitError
 
 

@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from quantkit.calibration import calibrate
-from quantkit.calibration.plots import figure_series
+from quantkit.calibration.coverage_plots import figure_series
 
 
 class _Doc(HTMLParser):

@@ -1,6 +1,6 @@
 import pytest
 
-from quantkit.calibration.tasks import infer_task
+from quantkit.calibration.task_types import infer_task
 
 LONG_DOC = "The committee met on Tuesday and discussed the budget for the coming year. " * 30
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from quantkit.calibration import SamplerConfig, calibrate
-from quantkit.calibration.tasks import user_labels
+from quantkit.calibration.task_types import user_labels
 
 
 def _chat(user: str, reply: str) -> list[dict]:

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from quantkit.calibration.api import default_log_path
+from quantkit.calibration.calibration_set import default_log_path
 from quantkit.errors import QuantkitError
 from quantkit.loadtest.lengths import fit_lognormal, length_summary
 from quantkit.loadtest.traffic import read_traffic

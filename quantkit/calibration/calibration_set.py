@@ -21,7 +21,7 @@ from quantkit.calibration.render import Row, RowError, chat_renderer, render_rec
 from quantkit.calibration.report import report_html, report_json, report_markdown
 from quantkit.common.i18n import DEFAULT_LANG, check_lang
 from quantkit.calibration.sampler import build_pool, draw
-from quantkit.calibration.store import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_output, json_bytes,
+from quantkit.calibration.output_folder import (MANIFEST_FILE, SAMPLES_FILE, is_sampler_output, json_bytes,
                                         read_output, samples_bytes, sha256, write_output)
 from quantkit.calibration.tokenizer import resolve_tokenizer
 from quantkit.errors import QuantkitError
