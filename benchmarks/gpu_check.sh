@@ -3,7 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh              # CUDA: compiled kernels, full shapes
 #   bash benchmarks/gpu_check.sh --dry-run    # CPU: TRITON_INTERPRET=1, tiny shapes (~1 min;
-#                                             # tests/test_gpu_check.py runs it)
+#                                             # tests/repository/test_gpu_check.py runs it)
 #
 # Stages (each in its own process, with its own time limit; a later stage runs even when an
 # earlier one failed, so one GPU session yields every figure it can):

@@ -1,7 +1,7 @@
 """How far two W4A16 (pack-quantized) checkpoints of one model and recipe are apart.
 
 For runs that merge the same statistics in another summation order (data-parallel
-calibration: tests/test_distributed.py, benchmarks/distributed.py). The figures:
+calibration: tests/workflows/test_distributed.py, benchmarks/distributed.py). The figures:
 ``code_share`` (share of int4 codes that differ), ``max_code_step`` (the largest difference
 between two codes), ``scale_rtol`` (largest relative difference of two scales), ``other``
 (names of the tensors outside the packed targets that are not bit-identical).

@@ -1,4 +1,4 @@
-"""Hostile text and the checks that a written document kept it as text (tests/test_hostile_strings.py,
+"""Hostile text and the checks that a written document kept it as text (tests/end_to_end/test_hostile_strings.py,
 tests/evaluation/test_eval_report.py)."""
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ class ArchSpec:
     norm_weight_offset: float = 0.0
     # Several calibration samples may share a row: the model builds a block-causal mask from
     # position ids that restart at 0 (transformers' packed-sequence masks), so each sample
-    # attends only to itself. tests/test_packed_calibration.py checks it per architecture.
+    # attends only to itself. tests/pipeline/test_packed_calibration.py checks it per architecture.
     packed_calibration: bool = True
     # sparse MoE blocks: their fused experts are unfused into per-expert linears (experts.py)
     moe: MoESpec | None = None

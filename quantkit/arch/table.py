@@ -4,7 +4,7 @@ Where the decoder layers are, the true-sequential order of a layer's linears, wh
 which linears: ``derive.py`` finds these for any model. An entry here adds what a trace cannot
 show (a value head's fold into ``o_proj`` under grouped-query attention, a fused producer's rows,
 the residual writers a rotation turns, MoE checkpoint names, packed-row masks checked by
-tests/test_packed_calibration.py). Every entry is checked against its own derivation in the tests.
+tests/pipeline/test_packed_calibration.py). Every entry is checked against its own derivation in the tests.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Deterministic crash points for the crash tests (``tests/test_resume.py``).
+"""Deterministic crash points for the crash tests (``tests/workflows/test_resume.py``).
 
 With ``QUANTKIT_TEST_KILL_AT`` set to a point's name the process kills itself there, so a
 test can stop a conversion at an exact place rather than after a guessed delay:

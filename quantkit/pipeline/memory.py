@@ -94,7 +94,7 @@ def _huge_page_size() -> int | None:
     ``QUANTKIT_HEAP_HUGE_PAGES``: unset, advise unless a cgroup caps this process's memory;
     ``1``, advise even then; ``0``, never. Under a cap the advice costs more than it buys: a
     4 KiB page touched again after a trim brings back the whole 2 MiB page around it, so the
-    trims hand back less. RTN inside tests/test_memory_cap.py's 512 MiB cap was OOM-killed in
+    trims hand back less. RTN inside tests/pipeline/test_memory_cap.py's 512 MiB cap was OOM-killed in
     1 of 3 runs with the advice and 0 of 3 without (and failed CI once). Asking changes nothing
     unless the THP mode is ``madvise`` (this machine's and the common distribution default).
     """

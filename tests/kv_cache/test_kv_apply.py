@@ -219,8 +219,8 @@ def test_static_scales_from_the_checkpoint_else_calibrated(ckpts):
 
 
 def test_calibrated_scales_are_the_absmax_of_post_rope_kv(ckpts):
-    """On the float model, against the attention-interface route of tests/test_kv_cache.py."""
-    from test_kv_cache import _post_rope_kv
+    """On the float model, against the attention-interface route of tests/kv_cache/test_kv_cache_checkpoint.py."""
+    from test_kv_cache_checkpoint import _post_rope_kv
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(ckpts["src"]).eval()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from model_factory import make_llama_dir, random_ids, save_byte_tokenizer
 from safetensors.torch import load_file
-from test_kv_cache import _post_rope_kv
+from test_kv_cache_checkpoint import _post_rope_kv
 
 import quantkit
 from quantkit.errors import QuantkitError

@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from model_factory import make_streamed_llama_dir
-from test_memory_cap import differing_tensors, memory_cgroup, oom_kills
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipeline"))
+from test_memory_cap import differing_tensors, memory_cgroup, oom_kills  # noqa: E402
 
 # 512 MiB held the W8A16 conversion of 16 MiB tensors with room; 400 MiB was OOM-killed
 # (benchmarks/RESULTS.md, "Model-free conversion")

@@ -3,7 +3,7 @@
 Measure names (kl_mean, top1_agreement), slice names, levels (GO, REVIEW, NO-GO) and JSON keys
 stay as they are in every language: they are the symbols report.json, recipes and thresholds use.
 The Chinese is written for engineers who read such reports, in the terms of the glossary the
-Chinese guides use too (docs/zh/glossary.md; tests/test_glossary_zh.py holds every message to it):
+Chinese guides use too (docs/zh/glossary.md; tests/repository/test_glossary_zh.py holds every message to it):
 结论 (decision), 原因 (reasons), 切片 (slice), 级别 (level), 限值 (limit), 余量 (margin); token,
 checkpoint and bootstrap as they are. The evaluation's own English sentences (warnings, notes) are
 reworded by ``said``; a sentence it does not know is shown as written.

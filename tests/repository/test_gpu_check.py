@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KERNELS = ("W4A16", "FP8", "INT8")
 M_VALUES, KN = (1, 16), (256, 128)            # the dry run's shapes (gpu_check.sh)
 ROW_FIELDS = ("ms", "tflops", "gbs", "dense_ms", "speedup", "bw_nominal", "bw_copy")

@@ -50,7 +50,7 @@ def test_recipe_key_defaults_and_form():
     assert r.needs_calibration
     assert r.to_dict()["kv_cache"]["strategy"] == "tensor"
     assert "kv_cache" not in Recipe.from_dict({"scheme": "FP8_DYNAMIC"}).to_dict()  # old resume keys unchanged
-    shipped = Recipe.from_file(Path(__file__).parent.parent / "recipes" / "fp8-dynamic-kv-fp8.yaml")
+    shipped = Recipe.from_file(Path(__file__).resolve().parents[2] / "recipes" / "fp8-dynamic-kv-fp8.yaml")
     assert shipped.kv_cache.strategy == "tensor" and shipped.groups["group_0"].input_activations.dynamic
     assert Recipe.from_dict(shipped.to_dict()).kv_cache == shipped.kv_cache   # survives the log's form
 

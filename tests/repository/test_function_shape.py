@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "quantkit"
+PACKAGE = Path(__file__).resolve().parents[2] / "quantkit"
 MAX_LINES = 80
 MAX_PARAMS = 8
 LENGTH_EXEMPT = ("kernels/",)

@@ -11,7 +11,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT_DIRS = [ROOT / "benchmarks", ROOT / "scripts", *sorted(
     p for p in (ROOT / "tests").rglob("*") if p.is_dir() and p.name != "__pycache__")] + [ROOT / "tests"]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "quantkit"
+PACKAGE = Path(__file__).resolve().parents[2] / "quantkit"
 
 # Measured with ``python -X importtime`` on the 2-core development machine (cumulative seconds).
 DEFERRED = {

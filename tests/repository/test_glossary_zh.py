@@ -24,7 +24,7 @@ from quantkit.evaluation.report import integrity_grid, markdown, render_html
 from quantkit.evaluation.report.words import WORDS as REPORT_WORDS
 from quantkit.workflows.model_card import TEXTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GLOSSARY = ROOT / "docs" / "zh" / "glossary.md"
 FIELD = re.compile(r"\{[^}]*\}")
 CODE = re.compile(r"(`+).+?\1(?!`)|\]\([^)]*\)", re.S)   # code (fenced by as many backticks), a link's target

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ZH = ROOT / "docs" / "zh"
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")

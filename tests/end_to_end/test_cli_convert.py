@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def run_cli(*args, cwd=None):

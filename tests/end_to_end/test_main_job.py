@@ -16,7 +16,7 @@ from browser import open_page
 from quantkit.evaluation.measures import MEASURES
 from quantkit.evaluation.report import short
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 

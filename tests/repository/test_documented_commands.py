@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([*ROOT.glob("README*.md"), *(ROOT / "docs").rglob("*.md"), ROOT / "calibration" / "README.md"])
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 SPAN = re.compile(r"(?<!`)`(--[a-z][^`]*)`(?!`)")   # an inline flag, as prose cites one: `--policy balanced`

@@ -19,7 +19,7 @@ from quantkit.loadtest.slo import parse_slo
 from quantkit.workflows.loadtest import Ramp, length_model, report_data, run_ramp
 from quantkit.workflows.model_card import CardFacts, render
 
-sys.path.insert(0, str(Path(__file__).parent / "loadtest"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "loadtest"))
 from test_ramp_loop import _stream, modelled_server  # noqa: E402
 
 from hostile_text import HOSTILE, PIECES, html_problems, markdown_problems  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "vllm_check.py"
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 

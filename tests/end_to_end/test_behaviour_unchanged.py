@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]   # tests/
 
 
 def written_digests(tmp_path: Path, suite: str) -> dict:

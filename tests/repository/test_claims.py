@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("benchmarks/RESULTS.md")
 
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")

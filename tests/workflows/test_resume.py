@@ -39,7 +39,7 @@ def work(tmp_path_factory) -> Path:
     model = make_llama_dir(root / "model", num_layers=LAYERS, vocab=260)
     save_byte_tokenizer(model)
     (root / "calib.txt").write_text("\n\n".join(list(pydoc_data.topics.topics.values())[:40]), encoding="utf-8")
-    shipped = (Path(__file__).resolve().parents[1] / "recipes" / "w4a16-gptq.yaml").read_text()
+    shipped = (Path(__file__).resolve().parents[2] / "recipes" / "w4a16-gptq.yaml").read_text()
     # hidden states on disk, several batches of them, GPTQ re-running the layer per sub-group
     (root / "offload.yaml").write_text(shipped.replace("calibration: {", "calibration: {offload: true, batch_tokens: 80, "))
     return root

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["mkdocs.yml", "README.md", "README.zh-CN.md", "docs", "benchmarks/RESULTS.md", "scripts/docs_site.py"]
 
 pytest.importorskip("mkdocs")

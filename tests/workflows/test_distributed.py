@@ -119,7 +119,7 @@ def work(tmp_path_factory) -> Path:
     save_byte_tokenizer(model)
     # 64 rows of up to 128 bytes: two calibration batches of 4096 positions, one per rank
     (root / "calib.txt").write_text("\n\n".join(list(pydoc_data.topics.topics.values())[:80]), encoding="utf-8")
-    shipped = (Path(__file__).resolve().parents[1] / "recipes" / "w4a16-gptq.yaml").read_text()
+    shipped = (Path(__file__).resolve().parents[2] / "recipes" / "w4a16-gptq.yaml").read_text()
     (root / "recipe.yaml").write_text(shipped.replace("group_size: 128", "group_size: 32")
                                       .replace("num_samples: 128, max_seq_len: 512", "num_samples: 64, max_seq_len: 128"))
     return root

@@ -204,7 +204,7 @@ def test_the_heap_is_advised_to_use_huge_pages_where_the_kernel_waits_to_be_aske
     from quantkit.pipeline import memory
 
     glibc()
-    # forced: whether a cap turns it off is tests/test_memory_cap.py's, in a capped process
+    # forced: whether a cap turns it off is tests/pipeline/test_memory_cap.py's, in a capped process
     monkeypatch.setenv("QUANTKIT_HEAP_HUGE_PAGES", "1")
     memory._huge_page_size.cache_clear()
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
