@@ -135,7 +135,7 @@ def effective_task_types(counts: Iterable[int]) -> float:
     a mix is worth.
 
     >>> effective_task_types([128]), effective_task_types([64, 64]), round(effective_task_types([120, 8]), 3)
-    (1.0, 2.0, 1.26)
+    (1.0, 2.0, 1.263)
     """
     counts = [c for c in counts if c > 0]
     total = sum(counts)
