@@ -48,26 +48,22 @@ def eval_command(
     lang: str = typer.Option(DEFAULT_LANG, "--lang", help="Language of report.md and report.html: en or zh (report.json is the same in both)."),
 ):
     """Compare a quantized candidate with its baseline; write report.md/.html/.json and print the verdict."""
-    from quantkit.workflows.evaluate import evaluate_paths, recipe_eval_section, report_output
+    from quantkit.workflows.evaluate import EvalRequest, PathsOptions, evaluate_to_folder
 
     served = EngineOptions(engine, engine_python, endpoint, baseline_endpoint, engine_dtype, top_k, path_tokens)
     with _interruptible():
         try:
             check_lang(lang)
             tasks = [t.strip() for t in lm_eval_tasks.split(",") if t.strip()] if lm_eval_tasks else None
-            out, policy = report_output(out, baseline, candidate, calib=calib, calib_sample=calib_sample,
-                                        recipe=recipe, suite=suite)
-            policy.check(out, overwrite)   # a report that may not or cannot be written fails now
-            result = evaluate_paths(baseline, candidate, suite=suite, max_len=max_len,
-                                    eval_section=recipe_eval_section(recipe), calibration_log=calib,
-                                    show_samples=show_samples, device=device, gpu_mem=gpu_mem, languages=languages,
-                                    lm_eval_tasks=tasks, lm_eval_limit=lm_eval_limit,
-                                    unsafe_code_exec=unsafe_code_exec, kv=kv, calibration_sample=calib_sample,
-                                    engine=served, business_rows=business_rows,
-                                    business_scored_tokens=business_scored_tokens)
-            path = result.save(out, overwrite, policy, lang)
+            options = PathsOptions(suite=suite, max_len=max_len, calibration_log=calib, show_samples=show_samples,
+                                   device=device, gpu_mem=gpu_mem, languages=languages, lm_eval_tasks=tasks,
+                                   lm_eval_limit=lm_eval_limit, unsafe_code_exec=unsafe_code_exec, kv=kv,
+                                   calibration_sample=calib_sample, engine=served, business_rows=business_rows,
+                                   business_scored_tokens=business_scored_tokens)
+            done = evaluate_to_folder(EvalRequest(baseline, candidate, out, recipe, overwrite, lang), options)
         except QuantkitError as e:
             fail(str(e))
+    result, path = done.result, done.folder
     _print_result(result, path)
 
 

@@ -1,10 +1,11 @@
-"""``quantkit plan``: the deployment footprint (``deployment_plan``) printed, or a launch config."""
+"""``quantkit plan``: the deployment footprint (``deployment_plan``) printed, or an engine's launch config."""
 
 from __future__ import annotations
 
 from typing import Optional
 
 import typer
+import yaml
 
 from quantkit.cli.console import fail
 from quantkit.common.jsonio import dumps_strict
@@ -26,12 +27,13 @@ def plan_command(
     from quantkit.workflows.deployment_plan import PlanRequest, deployment_plan
 
     try:
-        done = deployment_plan(PlanRequest(model, gpu_mem, max_len, weights, kv, group_size, utilization))
+        done = deployment_plan(PlanRequest(model, gpu_mem, max_len, weights, kv, group_size, utilization, emit))
     except QuantkitError as e:
         fail(str(e))
-    fp, target, note = done.footprint, done.target, done.note
-    if emit is not None:
-        _emit(emit, fp, str(model or target))
+    fp, note = done.footprint, done.note
+    if done.launch_config is not None:   # --emit: the launch config as YAML, then as its command line
+        typer.echo(yaml.safe_dump(done.launch_config, sort_keys=False).rstrip())
+        typer.echo(f"# {done.command_line}")
         if note:
             typer.echo(f"# note: {note}")
         return
@@ -49,18 +51,3 @@ def plan_command(
     typer.echo(f"concurrency at {fp.gpu_mem_bytes / gib:g} GiB x {fp.utilization:g}: {fp.concurrency} requests")
     if note:
         typer.echo(f"note: {note}")
-
-
-def _emit(engine: str, fp, model: str) -> None:
-    """``--emit ENGINE``: the engine's launch config as YAML, then as its command line (serving/)."""
-    import yaml
-
-    from quantkit.serving.engines import engine_kind
-
-    try:
-        kind = engine_kind(engine, "--emit")
-        cfg = kind.launch_config(fp, model)
-    except QuantkitError as e:
-        fail(str(e))
-    typer.echo(yaml.safe_dump(cfg, sort_keys=False).rstrip())
-    typer.echo(f"# {kind.command_line(cfg)}")

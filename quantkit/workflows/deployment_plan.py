@@ -9,6 +9,7 @@ from pathlib import Path
 from quantkit.errors import QuantkitError
 from quantkit.evaluation.attention_cache import attention_cache
 from quantkit.evaluation.footprint import checkpoint_format
+from quantkit.serving.engines import engine_kind
 from quantkit.evaluation.checkpoint import resolve_dir
 from quantkit.serving.memory_account import BITS, WeightFormat, plan
 from quantkit.kv_cache import kv_option
@@ -29,6 +30,7 @@ class PlanRequest:
     kv: str = "fp16"                # a KV type, or a quantized-KV option as ``quantkit eval --kv`` names it
     group_size: int = 128
     utilization: float = 0.9
+    emit: str | None = None         # an engine whose launch config is wanted (``--emit``)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,8 @@ class DeploymentPlan:
     footprint: object               # serving.memory_account.Footprint
     target: Path                    # the folder or config.json accounted for
     note: str | None                # what the user should know about the length asked
+    launch_config: dict | None = None   # ``emit``'s engine's, from the footprint
+    command_line: str | None = None     # the same as that engine's command line
 
 
 def deployment_plan(request: PlanRequest) -> DeploymentPlan:
@@ -51,7 +55,11 @@ def deployment_plan(request: PlanRequest) -> DeploymentPlan:
            else checkpoint_format(target, request.group_size))
     fp = plan(target, request.gpu_mem, max_len, weights=fmt, kv=kv, utilization=request.utilization,
               kv_option=option, cache=attention_cache(target))
-    return DeploymentPlan(fp, target, note)
+    if request.emit is None:
+        return DeploymentPlan(fp, target, note)
+    kind = engine_kind(request.emit, "--emit")
+    cfg = kind.launch_config(fp, str(model or target))
+    return DeploymentPlan(fp, target, note, cfg, kind.command_line(cfg))
 
 
 def plan_length(target: Path, asked: int | None) -> tuple[int, str | None]:

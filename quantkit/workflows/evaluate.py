@@ -232,3 +232,27 @@ def report_output(out: Path | None, baseline, candidate, **inputs) -> tuple[Path
              "recipe": inputs.get("recipe"), "suite": inputs.get("suite")}
     given = {k: existing_path(v) for k, v in given.items()}
     return Path(out), OutputPolicy("eval", given, slot=slot if ours else None)
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """Where ``quantkit eval`` reads and writes (each field is the flag of its name)."""
+
+    baseline: str | Path | None
+    candidate: str | Path
+    out: Path | None = None          # None: CANDIDATE/eval, for a checkpoint quantkit convert wrote
+    recipe: str | None = None        # its eval: section sets the suite, the thresholds and max_len
+    overwrite: bool = False
+    lang: str = "en"
+
+
+def evaluate_to_folder(request: EvalRequest, options: PathsOptions) -> Evaluated:
+    """``quantkit eval`` whole: where the report goes, checked before anything is read
+    (``report_output``), the evaluation with the recipe's eval: section, the report written."""
+    r = request
+    out, policy = report_output(r.out, r.baseline, r.candidate, calib=options.calibration_log,
+                                calib_sample=options.calibration_sample, recipe=r.recipe, suite=options.suite)
+    policy.check(out, r.overwrite)   # a report that may not or cannot be written fails now
+    result = evaluate_paths(r.baseline, r.candidate, dataclasses.replace(options, eval_section=recipe_eval_section(r.recipe)))
+    return Evaluated(result, result.save(out, r.overwrite, policy, r.lang))
+
