@@ -4,8 +4,10 @@ same calibration rows and the same held-out text, each toolkit's default and bes
 Cells: model x format x toolkit x recipe, for the formats W4A16 g128, W4A16 g64, W3A16 g64,
 NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
   - quantkit: ``rtn`` and ``gptq`` (the shipped recipes, run as ``benchmarks/formats.py`` labels
-    run them), plus every ``recipes/*-learned*.yaml`` / ``*-gptaq*.yaml`` whose name starts with
-    the format's RTN recipe, found when the run starts;
+    run them); the variants of ``QUANTKIT_VARIANTS`` on them (``gptaq``, ``gptq-imatrix``,
+    ``gptaq-imatrix``, ``learned-fast``, ``learned``), in every format alike; and every shipped
+    ``recipes/*-best.yaml``, ``*-learned*.yaml`` and ``*-gptaq*.yaml`` whose name starts with the
+    format's RTN recipe, found when the run starts (``best``: the recipe the format ships as best);
   - llm-compressor 0.14: ``rtn`` (QuantizationModifier), ``gptq`` (GPTQModifier, its defaults:
     act-order "static", block 128, damping 0.01), ``gptq-imatrix`` (the same with its
     importance-weighted ``imatrix_mse`` weight observer);
@@ -99,6 +101,15 @@ QUANTKIT = {
     "nvfp4a16": ("nvfp4a16", "nvfp4a16-gptq-actorder"),
     "mxfp4a16": ("mxfp4a16", "mxfp4a16-gptq-actorder"),
 }
+#: quantkit variant -> (the run it edits: "rtn" or "gptq", what it changes): algorithm keys
+#: merged into the recipe's ``algorithm`` (``name`` replaces it), ``observer`` set on its weights
+QUANTKIT_VARIANTS = {
+    "gptaq": ("gptq", {"algorithm": {"gptaq": True}}),
+    "gptq-imatrix": ("gptq", {"observer": "imatrix_mse"}),
+    "gptaq-imatrix": ("gptq", {"algorithm": {"gptaq": True}, "observer": "imatrix_mse"}),
+    "learned-fast": ("rtn", {"algorithm": {"name": "learned_rounding", "preset": "fast"}}),
+    "learned": ("rtn", {"algorithm": {"name": "learned_rounding"}}),
+}
 #: llm-compressor: a compressed-tensors preset, or the weights' QuantizationArgs
 LLMC_SCHEME = {
     "w4a16-g128": {"scheme": "W4A16"},
@@ -137,13 +148,14 @@ def quantkit_extras(fmt: str, names: list[str]) -> dict[str, str]:
     """Recipe names among ``names`` that are learned-rounding or GPTAQ variants of ``fmt``'s RTN
     recipe: ``w4a16-g64-learned`` -> {"learned": "w4a16-g64-learned"}.
 
-    >>> quantkit_extras("w4a16-g64", ["w4a16-learned", "w4a16-g64-learned-fast", "w4a16-g64-gptq-gptaq"])
-    {'gptq-gptaq': 'w4a16-g64-gptq-gptaq', 'learned-fast': 'w4a16-g64-learned-fast'}
+    >>> quantkit_extras("w4a16-g64", ["w4a16-learned", "w4a16-g64-learned-fast", "w4a16-g64-gptq-gptaq",
+    ...                               "w4a16-g64-best", "w4a16-best"])
+    {'best': 'w4a16-g64-best', 'gptq-gptaq': 'w4a16-g64-gptq-gptaq', 'learned-fast': 'w4a16-g64-learned-fast'}
     """
     base = QUANTKIT[fmt][0]
     out = {}
     for name in sorted(names):
-        m = re.fullmatch(rf"{re.escape(base)}-((?:gptq-)?(?:learned|gptaq).*)", name)
+        m = re.fullmatch(rf"{re.escape(base)}-(best|(?:gptq-)?(?:learned|gptaq).*)", name)
         if m:
             out[m.group(1)] = name
     return out
@@ -160,8 +172,9 @@ def recipes_for(toolkit: str, fmt: str, shipped: list[str] | None = None) -> dic
     """
     if toolkit == "quantkit":
         names = shipped if shipped is not None else [p.stem for p in (ROOT / "recipes").glob("*.yaml")]
-        rtn, gptq = QUANTKIT[fmt]
-        return {"rtn": {"label": rtn}, "gptq": {"label": gptq},
+        runs = dict(zip(("rtn", "gptq"), QUANTKIT[fmt]))
+        return {"rtn": {"label": runs["rtn"]}, "gptq": {"label": runs["gptq"]},
+                **{k: {"label": runs[on], "edit": edit} for k, (on, edit) in QUANTKIT_VARIANTS.items()},
                 **{k: {"label": v} for k, v in quantkit_extras(fmt, names).items()}}
     if toolkit == "llmc":
         return {name: {**LLMC_SCHEME[fmt], **r} for name, r in LLMC_RECIPES.items()}
@@ -219,12 +232,37 @@ def worker_spec(toolkit: str, fmt: str, settings: dict, data: dict) -> dict:
         sys.path.insert(0, str(HERE))
         from formats import recipe_of
 
-        spec["recipe"] = recipe_of(settings["label"], len(data["calibration"]), data["seq_len"])
+        spec["recipe"] = edited(recipe_of(settings["label"], len(data["calibration"]), data["seq_len"]),
+                                settings.get("edit", {}))
     elif toolkit == "llmc":
         spec["llmc"] = {**settings, "calibrate": bool(settings["gptq"] or settings.get("observer"))}
     else:
         spec[toolkit] = settings
     return spec
+
+
+def edited(recipe: dict, edit: dict) -> dict:
+    """``recipe`` with a ``QUANTKIT_VARIANTS`` edit applied (a copy).
+
+    >>> r = {"config_groups": {"group_0": {"weights": {"num_bits": 4}}}, "algorithm": {"name": "gptq"}}
+    >>> edited(r, {"algorithm": {"gptaq": True}, "observer": "imatrix_mse"})
+    {'config_groups': {'group_0': {'weights': {'num_bits': 4, 'observer': 'imatrix_mse'}}}, 'algorithm': {'name': 'gptq', 'gptaq': True}}
+    >>> edited({"scheme": "NVFP4A16", "algorithm": {"name": "rtn"}}, {"algorithm": {"name": "learned_rounding"}})
+    {'scheme': 'NVFP4A16', 'algorithm': {'name': 'learned_rounding'}}
+    """
+    import copy
+
+    out = copy.deepcopy(recipe)
+    if "algorithm" in edit:
+        algorithm = out.get("algorithm") or {}
+        algorithm = {"name": algorithm} if isinstance(algorithm, str) else algorithm
+        out["algorithm"] = dict(edit["algorithm"]) if "name" in edit["algorithm"] else {**algorithm, **edit["algorithm"]}
+    if "observer" in edit:
+        if "config_groups" not in out:
+            raise ValueError("an observer edit needs config_groups in the recipe it edits")
+        for group in out["config_groups"].values():
+            group["weights"]["observer"] = edit["observer"]
+    return out
 
 
 # -- running one cell -------------------------------------------------------------------------

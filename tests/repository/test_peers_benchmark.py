@@ -50,7 +50,7 @@ def test_quantkit_runs_the_format_its_row_names(peers, fmt):
 
     want = peers.FORMATS[fmt]
     for name, settings in peers.recipes_for("quantkit", fmt, shipped=[]).items():
-        recipe = quantkit.load_recipe(recipe_of(settings["label"], 4, 64))
+        recipe = quantkit.load_recipe(peers.edited(recipe_of(settings["label"], 4, 64), settings.get("edit", {})))
         w = _weights_of(recipe)
         assert (w["num_bits"], w["group_size"]) == (want["bits"], want["group_size"]), (fmt, name, w)
         assert w["type"] == ("int" if want["type"] == "int" else "float"), (fmt, name, w)
@@ -97,6 +97,22 @@ def test_learned_and_gptaq_recipes_join_their_format_only(peers):
                                                          "learned": "w4a16-g64-learned"}
     assert peers.quantkit_extras("nvfp4a16", names) == {"learned-fast": "nvfp4a16-learned-fast"}
     assert peers.quantkit_extras("mxfp4a16", names) == {}
+
+
+@pytest.mark.parametrize("fmt", ["w4a16-g64", "nvfp4a16"])
+def test_quantkit_variants_change_only_what_they_name(peers, fmt):
+    import quantkit
+    from formats import recipe_of
+
+    recipes = {name: quantkit.load_recipe(peers.edited(recipe_of(s["label"], 4, 64), s.get("edit", {}))).to_dict()
+                for name, s in peers.recipes_for("quantkit", fmt, shipped=[]).items()}
+    (gptaq,), (gptq,) = (step.items() for step in (recipes["gptaq"]["steps"][0], recipes["gptq"]["steps"][0]))
+    assert gptaq[0] == gptq[0] == "gptq"
+    assert gptaq[1] == {**gptq[1], "gptaq": True} and not gptq[1].get("gptaq")
+    assert _weights_of(quantkit.load_recipe(recipes["gptq-imatrix"]))["observer"] == "imatrix_mse"
+    assert _weights_of(quantkit.load_recipe(recipes["gptq"]))["observer"] != "imatrix_mse"
+    assert recipes["learned-fast"]["steps"] == [{"learned_rounding": {"preset": "fast"}}]
+    assert _weights_of(quantkit.load_recipe(recipes["learned-fast"])) == _weights_of(quantkit.load_recipe(recipes["rtn"]))
 
 
 def test_grid_check_refuses_an_unquantized_weight_and_passes_a_quantized_one(workers):
