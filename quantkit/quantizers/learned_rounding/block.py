@@ -6,7 +6,9 @@ model's output of this layer (the float layer on the float model's inputs,
 ``LayerContext.forward_float``: AutoRound's target), or the float layer's output on the same
 inputs. ``BlockRows`` then runs the layer on any rows of them with candidate weights
 (``torch.func.functional_call``), every floating tensor in float32, and gives the squared error
-against the target at the real tokens.
+against the target at the real tokens. With ``amp`` on, the layer's matmuls run under bfloat16
+autocast (AutoRound's default on CPUs and GPUs that have bfloat16): the target stays the float32
+output, the squared error is taken in float32, and the gradients reach the float32 parameters.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class BlockRows:
     calls: list[tuple[tuple, dict]] = field(default_factory=list)
     kept: list[torch.Tensor] = field(default_factory=list)
     reference: list[torch.Tensor] = field(default_factory=list)
+    amp: bool = False
 
     @property
     def rows(self) -> list[tuple[int, int]]:
@@ -45,8 +48,10 @@ class BlockRows:
         params = {k: v.float() for k, v in self.layer.named_parameters()}
         params.update({k: v.float() for k, v in self.layer.named_buffers()})
         params.update(weights)
-        out = functional_call(self.layer, params, _float32(_rows(args, rows, n)), _float32(_rows(kwargs, rows, n)),
-                              strict=False)
+        device = next(iter(params.values())).device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.amp):
+            out = functional_call(self.layer, params, _float32(_rows(args, rows, n)),
+                                  _float32(_rows(kwargs, rows, n)), strict=False)
         return (out[0] if isinstance(out, (tuple, list)) else out).float()
 
     def squared_error(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
