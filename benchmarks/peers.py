@@ -12,7 +12,7 @@ NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
     act-order "static", block 128, damping 0.01), ``gptq-imatrix`` (the same with its
     importance-weighted ``imatrix_mse`` weight observer);
   - AutoRound 0.16.1: ``default`` (200 steps), ``light`` (50 steps, lr 5e-3) and ``best`` (1000
-    steps), its CLI's presets (``auto_round/cli/main.py`` RECIPES) with batch 8; their own sample
+    steps), its CLI's presets, and ``rtn`` (0 steps: its round to nearest, on its own grid) (``auto_round/cli/main.py`` RECIPES) with batch 8; their own sample
     counts and lengths (128 or 512 x 2048 tokens) give way to the shared rows;
   - GPTQModel 7.7: ``gptq`` (its QuantizeConfig defaults) and ``gptaq`` (GPTAQ).
 
@@ -128,7 +128,8 @@ AUTOROUND_SCHEME = {
     "mxfp4a16": {"bits": 4, "group_size": 32, "sym": True, "data_type": "mx_fp", "act_bits": 16},
 }
 #: AutoRound's CLI presets (auto_round/cli/main.py RECIPES), less their sample counts and lengths
-AUTOROUND_RECIPES = {"default": {"iters": 200, "batch_size": 8, "lr": None},
+AUTOROUND_RECIPES = {"rtn": {"iters": 0, "batch_size": 8, "lr": None},   # its own grid, no learning
+                     "default": {"iters": 200, "batch_size": 8, "lr": None},
                      "light": {"iters": 50, "batch_size": 8, "lr": 5e-3},
                      "best": {"iters": 1000, "batch_size": 8, "lr": None}}
 #: GPTQModel: QuantizeConfig keywords per format (int formats only) and per recipe

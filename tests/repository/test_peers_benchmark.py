@@ -80,7 +80,7 @@ def test_autoround_and_gptqmodel_run_the_format_their_rows_name(peers, fmt):
         s = settings["scheme"]
         assert (s["bits"], s["group_size"], s["act_bits"]) == (want["bits"], want["group_size"], 16), (fmt, name)
     assert {k: v["options"]["iters"] for k, v in peers.recipes_for("autoround", fmt).items()} == \
-        {"default": 200, "light": 50, "best": 1000}
+        {"rtn": 0, "default": 200, "light": 50, "best": 1000}
     for name, settings in peers.recipes_for("gptqmodel", fmt).items():
         if "not_offered" in settings:
             assert want["type"] != "int"
