@@ -5,7 +5,8 @@ Cells: model x format x toolkit x recipe, for the formats W4A16 g128, W4A16 g64,
 NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
   - quantkit: ``rtn`` and ``gptq`` (the shipped recipes, run as ``benchmarks/formats.py`` labels
     run them); the variants of ``QUANTKIT_VARIANTS`` on them (``gptaq``, ``gptq-imatrix``,
-    ``gptaq-imatrix``, ``learned-fast``, ``learned``), in every format alike; and every shipped
+    ``gptaq-imatrix``, ``learned-fast``, ``learned`` and the last two from importance-weighted
+    ranges), in every format alike; and every shipped
     ``recipes/*-best.yaml``, ``*-learned*.yaml`` and ``*-gptaq*.yaml`` whose name starts with the
     format's RTN recipe, found when the run starts (``best``: the recipe the format ships as best);
   - llm-compressor 0.14: ``rtn`` (QuantizationModifier), ``gptq`` (GPTQModifier, its defaults:
@@ -109,6 +110,11 @@ QUANTKIT_VARIANTS = {
     "gptaq-imatrix": ("gptq", {"algorithm": {"gptaq": True}, "observer": "imatrix_mse"}),
     "learned-fast": ("rtn", {"algorithm": {"name": "learned_rounding", "preset": "fast"}}),
     "learned": ("rtn", {"algorithm": {"name": "learned_rounding"}}),
+    # learning from the importance-weighted ranges (the GPTQ run's config groups carry the
+    # observer; learned rounding takes act-order "weight" as no order at all)
+    "learned-fast-imatrix": ("gptq", {"algorithm": {"name": "learned_rounding", "preset": "fast"},
+                                      "observer": "imatrix_mse"}),
+    "learned-imatrix": ("gptq", {"algorithm": {"name": "learned_rounding"}, "observer": "imatrix_mse"}),
 }
 #: llm-compressor: a compressed-tensors preset, or the weights' QuantizationArgs
 LLMC_SCHEME = {

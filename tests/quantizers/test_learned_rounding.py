@@ -4,6 +4,7 @@ and a checkpoint transformers reads back."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -140,6 +141,34 @@ def test_beats_round_to_nearest_on_the_block_output(args, amp):
     else:
         assert st["rtn_loss"] == pytest.approx(rtn_error, rel=0.05)
     assert learned_error < 0.9 * rtn_error
+
+
+def _imatrix(args: QuantArgs) -> QuantArgs:
+    return dataclasses.replace(args, observer="imatrix_mse")
+
+
+@pytest.mark.parametrize("args", [_imatrix(QuantArgs(num_bits=4, group_size=16)), _imatrix(PRESETS["NVFP4A16"].weights)],
+                         ids=["w4-g16", "nvfp4"])
+def test_learning_starts_from_the_observers_ranges(args):
+    """With ``observer: imatrix_mse`` the first step is round to nearest on the ranges that
+    observer picks from the same inputs (what RTN writes with it), not on min-max ranges; one
+    step keeps it."""
+    scheme = QuantScheme(("Linear",), args)
+    inputs = [correlated_rows(2, 16, 64, seed=s) for s in range(2)]
+    learned_block, rtn_block = Block(), Block()
+    weights = {n: getattr(rtn_block, n).weight.detach().clone() for n in ("up_proj", "down_proj")}
+    contexts = []
+    for block in (learned_block, rtn_block):
+        ctx = make_ctx(block, inputs, scheme)
+        ctx.num_batches = len(inputs)   # a run with calibration data: the observer weighs the columns
+        contexts.append(ctx)
+    algo = build_algorithm("learned_rounding", {"iters": 1, "float_target": False, "amp": False})
+    learned = algo.quantize_layer(contexts[0])
+    rtn = build_algorithm("rtn").quantize_layer(contexts[1])
+    minmax = dataclasses.replace(args, observer="minmax")
+    for name, w in weights.items():
+        assert torch.equal(learned[name].q, rtn[name].q) and torch.equal(learned[name].scale, rtn[name].scale), name
+        assert not torch.equal(learned[name].scale, rtn_weight(w, minmax).scale), name
 
 
 def test_the_float_target_is_the_float_models_output():

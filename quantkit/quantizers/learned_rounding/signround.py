@@ -15,8 +15,8 @@ and moves every parameter by the sign of its gradient,
     theta <- clamp(theta - lr_t * sign(dL/dtheta)),   lr_t = lr * (1 - t / iters),
 
 with ``V`` in [-0.5, 0.5] and ``alpha, beta`` in [0.5, 1] (the paper's ranges). The parameters
-kept are those of the step whose loss was the lowest: the first step is round to nearest on
-min-max ranges (``V = 0``, ``alpha = beta = 1``).
+kept are those of the step whose loss was the lowest: the first step is round to nearest
+(``V = 0``) on the starting ranges, min-max (``alpha = beta = 1``) unless a search chose others.
 
 Example:
     >>> import torch
@@ -63,9 +63,13 @@ class RoundingParams:
     beta: torch.Tensor
 
     @classmethod
-    def start(cls, shape: tuple[int, ...], scale_shape: tuple[int, ...], minmax: bool) -> RoundingParams:
-        """Round to nearest on min-max ranges; the clip factors learn only with ``minmax``."""
-        p = cls(torch.zeros(shape), torch.ones(scale_shape), torch.ones(scale_shape))
+    def start(cls, shape: tuple[int, ...], scale_shape: tuple[int, ...], minmax: bool,
+              clip: torch.Tensor | None = None) -> RoundingParams:
+        """Round to nearest on min-max ranges, or on the ranges ``clip`` (one factor per scale,
+        kept within ``CLIP_RANGE``) makes of them; the clip factors learn only with ``minmax``."""
+        start = torch.ones(scale_shape) if clip is None else \
+            clip.detach().float().reshape(scale_shape).clamp(*CLIP_RANGE)
+        p = cls(torch.zeros(shape), start.clone(), start.clone())
         p.v.requires_grad_(True)
         if minmax:
             p.alpha.requires_grad_(True)

@@ -2,7 +2,9 @@
 
 For each decoder layer: capture its calibration calls and the float layer's output
 (``block.py``), learn every target's rounding offsets and clip factors together against that
-output (``signround.py``) through its number format's differentiable fake-quantization, and
+output (``signround.py``) through its number format's differentiable fake-quantization, starting
+from the ranges the scheme's observer picks (min-max; the ``mse`` search; the ``imatrix_mse``
+search weighted by each column's mean squared input, from one more layer pass), and
 write the format's codes on the learned scales (``numerics/number_formats``: every format the
 same way, none named here).
 """
@@ -17,11 +19,12 @@ from typing import ClassVar, Literal
 import torch
 
 from quantkit.errors import QuantkitError
-from quantkit.numerics.number_formats import Clip, NumberFormat, number_format
+from quantkit.numerics.number_formats import Clip, NumberFormat, importance_clip, number_format
 from quantkit.numerics.primitives import sqnr_db
 from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
 from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
                                                            sign_sgd)
+from quantkit.quantizers.rtn import input_importance
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
 #: preset -> (iters, lr, batch_size): AutoRound's default recipe, and its "light" one
@@ -95,13 +98,15 @@ class LearnedRounding(Algorithm):
                     ctx.forward_float()
             return {}
         t0 = time.perf_counter()
+        importance = input_importance(ctx, [n for n, g in grids.items() if g.args.observer == "imatrix_mse"])
         block = capture_block(ctx, self.float_target)
         block.amp = self.amp   # after the capture: the target is the float32 output
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
         global_scales = _global_scales(ctx, grids, weights)
         settings = self.settings
         params = {name: RoundingParams.start(tuple(w.shape), _scale_shape(grids[name], w, global_scales[name]),
-                                             settings.minmax)
+                                             settings.minmax,
+                                             _start_clip(grids[name], w, global_scales[name], importance.get(name)))
                   for name, w in weights.items()}
 
         def fake() -> dict[str, torch.Tensor]:
@@ -135,6 +140,16 @@ def _checked(ctx: LayerContext) -> dict:
 def _scale_shape(fmt: NumberFormat, w: torch.Tensor, global_scale: torch.Tensor | None) -> tuple[int, ...]:
     """The shape of ``w``'s scales, which the clip factors take."""
     return tuple(fmt.scales(w, Clip(1.0, 1.0), global_scale).scale.shape)
+
+
+def _start_clip(fmt: NumberFormat, w: torch.Tensor, global_scale: torch.Tensor | None,
+                importance: torch.Tensor | None) -> torch.Tensor | None:
+    """Each group's clip factor where learning starts: None (min-max) for the ``minmax``
+    observer, else its search's (``importance`` weighting the columns under ``imatrix_mse``)."""
+    if fmt.args.observer == "minmax":
+        return None
+    weighted = importance if fmt.args.observer == "imatrix_mse" else None
+    return importance_clip(fmt, w.detach(), weighted, global_scale).max
 
 
 def _global_scales(ctx: LayerContext, grids: dict[str, NumberFormat], weights: dict[str, torch.Tensor]) -> dict:
