@@ -4,7 +4,7 @@ same calibration rows and the same held-out text, each toolkit's default and bes
 Cells: model x format x toolkit x recipe, for the formats W4A16 g128, W4A16 g64, W3A16 g64,
 NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
   - quantkit: ``rtn`` and ``gptq`` (the shipped recipes, run as ``benchmarks/formats.py`` labels
-    run them); the variants of ``QUANTKIT_VARIANTS`` on them (``gptaq``, ``gptq-imatrix``,
+    run them); the variants of ``QUANTKIT_VARIANTS`` on them (``rtn-imatrix``, ``gptaq``, ``gptq-imatrix``,
     ``gptaq-imatrix``, ``learned-fast``, ``learned`` and the last two from importance-weighted
     ranges), in every format alike; and every shipped
     ``recipes/*-best.yaml``, ``*-learned*.yaml`` and ``*-gptaq*.yaml`` whose name starts with the
@@ -105,6 +105,7 @@ QUANTKIT = {
 #: quantkit variant -> (the run it edits: "rtn" or "gptq", what it changes): algorithm keys
 #: merged into the recipe's ``algorithm`` (``name`` replaces it), ``observer`` set on its weights
 QUANTKIT_VARIANTS = {
+    "rtn-imatrix": ("gptq", {"algorithm": {"name": "rtn"}, "observer": "imatrix_mse"}),
     "gptaq": ("gptq", {"algorithm": {"gptaq": True}}),
     "gptq-imatrix": ("gptq", {"observer": "imatrix_mse"}),
     "gptaq-imatrix": ("gptq", {"algorithm": {"gptaq": True}, "observer": "imatrix_mse"}),
