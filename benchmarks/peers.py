@@ -280,7 +280,8 @@ def run_worker(python: str, spec: dict, timeout: int) -> dict:
         spec_path, result_path, log_path = (Path(tmp) / n for n in ("spec.json", "result.json", "log.txt"))
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                   PYTHONPATH=str(HERE), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+                   PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),   # this tree's quantkit
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.Popen([python, str(WORKER), str(spec_path), str(result_path)], env=env,

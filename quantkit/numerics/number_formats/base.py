@@ -175,14 +175,29 @@ class NumberFormat(ABC):
 
 
 #: The range search's candidates: each group's range times ``1 - CLIP_MAX_SHRINK * i / CLIP_GRID``,
-#: ``i < CLIP_GRID`` (the candidates of the ``mse`` observer, ``primitives._mse_range``).
+#: ``i < CLIP_GRID`` (the candidates of the ``mse`` observer, ``primitives._mse_range``), then
+#: widened, ``1 + CLIP_MAX_GROW * i / CLIP_GROW_GRID`` for ``0 < i <= CLIP_GROW_GRID``: a scale
+#: stored coarsely (FP8 under NVFP4, a power of two under MXFP4) or a grid whose largest code is
+#: not the range's end (int's 7 of 7.5) can land better a little above the group's range, as
+#: AutoRound's scale search (factors 0.5 to 1.5) finds.
 CLIP_GRID, CLIP_MAX_SHRINK = 40, 0.6
+CLIP_GROW_GRID, CLIP_MAX_GROW = 20, 0.5
+
+
+def clip_candidates() -> list[float]:
+    """The range search's factors, in the order it tries them (ties keep the earlier).
+
+    >>> c = clip_candidates(); len(c), c[0], round(c[39], 3), c[40], c[-1]
+    (60, 1.0, 0.415, 1.025, 1.5)
+    """
+    shrink = [1.0 - CLIP_MAX_SHRINK * i / CLIP_GRID for i in range(CLIP_GRID)]
+    return shrink + [1.0 + CLIP_MAX_GROW * i / CLIP_GROW_GRID for i in range(1, CLIP_GROW_GRID + 1)]
 
 
 def importance_clip(fmt: NumberFormat, w: torch.Tensor, importance: torch.Tensor | None,
                     global_scale: torch.Tensor | None = None, g_idx: torch.Tensor | None = None) -> Clip:
     """Each group's clip factor minimising ``sum_j importance_j * (w_ij - q(w_ij))^2`` over its
-    columns (the earliest, widest, candidate on ties); ``importance`` None: all ones.
+    columns (``clip_candidates()``, the earliest on ties); ``importance`` None: all ones.
 
     llm-compressor's ``imatrix_mse`` idea: with ``importance`` the mean squared input of each
     column (``diag(H)`` up to a factor), the error is the layer-output error a group makes when
@@ -200,8 +215,7 @@ def importance_clip(fmt: NumberFormat, w: torch.Tensor, importance: torch.Tensor
         global_scale = fmt.global_scale(w)
     best_err: torch.Tensor | None = None
     best = torch.ones(())
-    for i in range(CLIP_GRID):
-        c = 1.0 - CLIP_MAX_SHRINK * i / CLIP_GRID
+    for c in clip_candidates():
         qp = fmt.range_scales(w, Clip(c, c), global_scale, g_idx)
         d = fmt.dequantize(fmt.quantize(w, qp, g_idx), qp, g_idx, w.dtype).float().sub_(x)
         err = fmt.reduce_to_scales(d.pow_(2).mul_(imp), g_idx)

@@ -61,15 +61,21 @@ class RoundingParams:
     v: torch.Tensor
     alpha: torch.Tensor
     beta: torch.Tensor
+    #: the clip factors' upper bound: 1, or a wider start's own factor (a search may start a group
+    #: above its range; learning may then narrow it but not widen it further)
+    top: torch.Tensor | float = 1.0
 
     @classmethod
     def start(cls, shape: tuple[int, ...], scale_shape: tuple[int, ...], minmax: bool,
               clip: torch.Tensor | None = None) -> RoundingParams:
         """Round to nearest on min-max ranges, or on the ranges ``clip`` (one factor per scale,
-        kept within ``CLIP_RANGE``) makes of them; the clip factors learn only with ``minmax``."""
-        start = torch.ones(scale_shape) if clip is None else \
-            clip.detach().float().reshape(scale_shape).clamp(*CLIP_RANGE)
-        p = cls(torch.zeros(shape), start.clone(), start.clone())
+        at least ``CLIP_RANGE``'s lower end) makes of them; the clip factors learn only with ``minmax``."""
+        if clip is None:
+            start, top = torch.ones(scale_shape), CLIP_RANGE[1]
+        else:
+            start = clip.detach().float().reshape(scale_shape).clamp_min(CLIP_RANGE[0])
+            top = start.clamp_min(CLIP_RANGE[1])
+        p = cls(torch.zeros(shape), start.clone(), start.clone(), top)
         p.v.requires_grad_(True)
         if minmax:
             p.alpha.requires_grad_(True)
@@ -82,8 +88,12 @@ class RoundingParams:
     def clamp_(self) -> None:
         with torch.no_grad():
             self.v.clamp_(*V_RANGE)
-            self.alpha.clamp_(*CLIP_RANGE)
-            self.beta.clamp_(*CLIP_RANGE)
+            for clip in (self.alpha, self.beta):
+                clip.clamp_min_(CLIP_RANGE[0])
+                if isinstance(self.top, torch.Tensor):
+                    torch.minimum(clip, self.top, out=clip)
+                else:
+                    clip.clamp_max_(self.top)
 
 
 @dataclass
