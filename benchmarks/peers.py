@@ -4,17 +4,17 @@ same calibration rows and the same held-out text, each toolkit's default and bes
 Cells: model x format x toolkit x recipe, for the formats W4A16 g128, W4A16 g64, W3A16 g64,
 NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
   - quantkit: ``rtn`` and ``gptq`` (the shipped recipes, run as ``benchmarks/formats.py`` labels
-    run them); the variants of ``QUANTKIT_VARIANTS`` on them (``rtn-imatrix``, ``gptaq``, ``gptq-imatrix``,
-    ``gptaq-imatrix``, ``learned-fast``, ``learned`` and the last two from importance-weighted
-    ranges), in every format alike; and every shipped
-    ``recipes/*-best.yaml``, ``*-learned*.yaml`` and ``*-gptaq*.yaml`` whose name starts with the
+    run them); the variants of ``QUANTKIT_VARIANTS`` on them (``rtn-imatrix``, ``gptaq``,
+    ``gptq-imatrix``, ``gptaq-imatrix``, ``learned-fast``, ``learned`` and the last two from
+    importance-weighted ranges), in every format alike; and every shipped ``recipes/*-best.yaml``, ``*-learned*.yaml`` and ``*-gptaq*.yaml`` whose name starts with the
     format's RTN recipe, found when the run starts (``best``: the recipe the format ships as best);
   - llm-compressor 0.14: ``rtn`` (QuantizationModifier), ``gptq`` (GPTQModifier, its defaults:
     act-order "static", block 128, damping 0.01), ``gptq-imatrix`` (the same with its
     importance-weighted ``imatrix_mse`` weight observer);
   - AutoRound 0.16.1: ``default`` (200 steps), ``light`` (50 steps, lr 5e-3) and ``best`` (1000
-    steps), its CLI's presets, and ``rtn`` (0 steps: its round to nearest, on its own grid) (``auto_round/cli/main.py`` RECIPES) with batch 8; their own sample
-    counts and lengths (128 or 512 x 2048 tokens) give way to the shared rows;
+    steps), its CLI's presets (``auto_round/cli/main.py`` RECIPES) with batch 8, their own sample
+    counts and lengths (128 or 512 x 2048 tokens) giving way to the shared rows; and ``rtn`` (0
+    steps: its round to nearest on its own grid, after its default scale search);
   - GPTQModel 7.7: ``gptq`` (its QuantizeConfig defaults) and ``gptaq`` (GPTAQ).
 
 Each cell's quantization runs in a subprocess with the toolkit's own interpreter

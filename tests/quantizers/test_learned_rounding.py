@@ -238,7 +238,20 @@ def test_options_and_presets():
     assert build_algorithm("learned_rounding", {"preset": "fast"}).settings == SignRoundSettings(50, 5e-3, 8, True, 0)
     assert build_algorithm("learned_rounding", {"preset": "fast", "iters": 20}).settings.step_size == pytest.approx(0.05)
     assert not build_algorithm("learned_rounding", {"minmax_tuning": False}).settings.minmax
-    assert build_algorithm("learned_rounding").amp and not build_algorithm("learned_rounding", {"amp": False}).amp
+    assert build_algorithm("learned_rounding").amp is None and not build_algorithm("learned_rounding", {"amp": False}).amp
+
+
+def test_amp_follows_the_hosts_native_bfloat16(monkeypatch):
+    """The default reads the host's CPU flags: bfloat16 autocast where AMX or AVX-512 BF16 runs it."""
+    from pathlib import Path
+
+    from quantkit.quantizers.learned_rounding import step
+
+    real = Path.read_text
+    for flags, want in (("avx512f avx2", False), ("avx512f avx512_bf16", True), ("amx_bf16 amx_int8 amx_tile", True)):
+        monkeypatch.setattr(Path, "read_text", lambda self, *a, _f=flags, **k: f"model name : x\nflags : {_f}\n"
+                            if str(self) == "/proc/cpuinfo" else real(self, *a, **k))
+        assert step.native_bf16(nn.Linear(2, 2)) is want, flags
     for bad, key in (({"iters": 0}, "iters"), ({"lr": -1.0}, "lr"), ({"preset": "best"}, "preset"),
                      ({"batch": 8}, "batch")):
         with pytest.raises(QuantkitError, match=key):

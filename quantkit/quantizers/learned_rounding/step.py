@@ -49,8 +49,10 @@ class LearnedRounding(Algorithm):
             AutoRound's); the run then carries the float model's activations beside the
             quantized ones. Off: the float layer's output on the quantized model's inputs.
         amp: run each step's layer forward and backward under bfloat16 autocast (AutoRound's
-            default; about 2.3x faster a step on a CPU with AMX), the target, the loss and the
-            learned parameters staying float32. Off: float32 throughout.
+            default where the device computes bfloat16 natively), the target, the loss and the
+            learned parameters staying float32. None (default): on where the host has native
+            bfloat16 (a CUDA device that supports it; a CPU with AMX or AVX-512 BF16), else off.
+            Off: float32 throughout.
         seed: the row draws' seed.
 
     Example:
@@ -65,7 +67,7 @@ class LearnedRounding(Algorithm):
     batch_size: int | None = None
     minmax_tuning: bool = True
     float_target: bool = True
-    amp: bool = True
+    amp: bool | None = None
     seed: int = 0
 
     requires_calibration: ClassVar[bool] = True
@@ -100,7 +102,8 @@ class LearnedRounding(Algorithm):
         t0 = time.perf_counter()
         importance = input_importance(ctx, [n for n, g in grids.items() if g.args.observer == "imatrix_mse"])
         block = capture_block(ctx, self.float_target)
-        block.amp = self.amp   # after the capture: the target is the float32 output
+        # after the capture: the target is the float32 output
+        block.amp = self.amp if self.amp is not None else native_bf16(ctx.layer)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
         global_scales = _global_scales(ctx, grids, weights)
         settings = self.settings
@@ -142,10 +145,28 @@ def _scale_shape(fmt: NumberFormat, w: torch.Tensor, global_scale: torch.Tensor 
     return tuple(fmt.scales(w, Clip(1.0, 1.0), global_scale).scale.shape)
 
 
+def native_bf16(layer: torch.nn.Module) -> bool:
+    """Whether the device ``layer`` sits on computes bfloat16 natively: on a CPU without it
+    autocast emulates bfloat16 and is slower than float32, so the host's flags decide."""
+    device = next(layer.parameters()).device
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    from pathlib import Path
+
+    from quantkit.serving.capabilities import Capabilities
+
+    info = Path("/proc/cpuinfo")
+    caps = Capabilities.from_cpuinfo(info.read_text()) if info.exists() else None
+    return bool(caps and (caps.amx or caps.avx512_bf16))
+
+
 def _start_clip(fmt: NumberFormat, w: torch.Tensor, global_scale: torch.Tensor | None,
                 importance: torch.Tensor | None) -> torch.Tensor | None:
     """Each group's clip factor where learning starts: None (min-max) for the ``minmax``
-    observer, else its search's (``importance`` weighting the columns under ``imatrix_mse``)."""
+    observer, else ``importance_clip``'s search (unweighted under ``mse``, its columns weighted
+    by ``importance`` under ``imatrix_mse``)."""
     if fmt.args.observer == "minmax":
         return None
     weighted = importance if fmt.args.observer == "imatrix_mse" else None
