@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import torch
@@ -25,6 +26,7 @@ from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
 from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
                                                            sign_sgd)
 from quantkit.quantizers.rtn import input_importance
+from quantkit.serving.capabilities import Capabilities
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
 #: preset -> (iters, lr, batch_size): AutoRound's default recipe, and its "light" one
@@ -153,10 +155,6 @@ def native_bf16(layer: torch.nn.Module) -> bool:
         return bool(torch.cuda.is_bf16_supported())
     if device.type != "cpu":
         return False
-    from pathlib import Path
-
-    from quantkit.serving.capabilities import Capabilities
-
     info = Path("/proc/cpuinfo")
     caps = Capabilities.from_cpuinfo(info.read_text()) if info.exists() else None
     return bool(caps and (caps.amx or caps.avx512_bf16))
