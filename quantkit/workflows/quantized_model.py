@@ -4,6 +4,7 @@ save."""
 from __future__ import annotations
 
 import shutil
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ class QuantizedModel:
         if not distributed.is_writer():
             raise QuantkitError(f"save: rank {distributed.rank()} of a data-parallel conversion writes nothing; rank 0 saves")
         self._saved = move_into_place(self.result.path, Path(out), overwrite, OutputPolicy("convert", self.inputs))
+        self._discard.detach()
         return self._saved
 
     def load(self, backend: str | None = None):
@@ -55,6 +57,7 @@ class QuantizedModel:
             "seconds": round(r.seconds, 2), "peak_rss_bytes": r.peak_rss_bytes,
         }
 
-    def __del__(self):
-        if self._saved is None and self.result.path.exists():
-            shutil.rmtree(self.result.path, ignore_errors=True)
+    def __post_init__(self) -> None:
+        # the staging folder goes when the object does, or at interpreter exit (a finalizer runs
+        # while the modules it needs are still there, which ``__del__`` at shutdown is not promised)
+        self._discard = weakref.finalize(self, shutil.rmtree, self.result.path, ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -99,3 +100,19 @@ def test_a_run_removes_dead_runs_folders_and_leaves_live_ones(tiny_llama, tmp_pa
 def test_resume_needs_an_output_folder(tiny_llama):
     with pytest.raises(quantkit.QuantkitError, match="resume: needs out="):
         quantkit.quantize(tiny_llama, "w8a16", options=quantkit.ConvertOptions(resume=True))
+
+
+def test_an_unsaved_result_leaves_no_folder_and_no_traceback_at_exit(tiny_llama, tmp_path):
+    """A result never saved, still held when the interpreter exits: its staging folder goes, and
+    the exit prints nothing (module globals are not promised to a ``__del__`` at shutdown)."""
+    out = tmp_path / "out"
+    script = ("import sys, quantkit\n"
+              f"q = quantkit.quantize({str(tiny_llama)!r}, 'w8a16', options=quantkit.ConvertOptions(out={str(out)!r}))\n"
+              "print(q.path)\n")
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2])))
+    assert res.returncode == 0, res.stderr[-2000:]
+    staged = Path(res.stdout.strip().splitlines()[-1])
+    assert staged.name.startswith(".quantkit-tmp-") and not staged.exists()
+    assert "Exception ignored" not in res.stderr and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert not out.exists()
