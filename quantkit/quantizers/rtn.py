@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from quantkit.common.distributed import merge_mean
 from quantkit.config.scheme import QuantArgs
 from quantkit.numerics.number_formats import number_format
 from quantkit.numerics.primitives import sqnr_db
-from quantkit.quantizers.gptq.collect import collect_hessians
+from quantkit.quantizers.importance import input_importance
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
 
@@ -29,20 +28,6 @@ class RTN(Algorithm):
         for name, (module, scheme) in ctx.targets.items():
             out[name] = rtn_weight(module.weight.data, scheme.weights, shared.get(name), importance.get(name))
         return out
-
-
-def input_importance(ctx: LayerContext, names: list[str]) -> dict[str, torch.Tensor]:
-    """Each linear's mean squared input per column (``diag(H) / 2``, GPTQ's Hessian collected in one
-    layer pass); none for a linear no calibration token reached, or without calibration data."""
-    if not names or ctx.num_batches == 0:
-        return {}
-    hs = collect_hessians(ctx, names)
-    out = {}
-    for leader, H in hs.H.items():
-        H, tokens = merge_mean(H, hs.tokens[leader])   # data-parallel: every rank's tokens
-        if tokens > 0:
-            out.update({n: torch.diagonal(H) / 2 for n in hs.sharing(leader)})
-    return out
 
 
 def rtn_weight(w: torch.Tensor, args: QuantArgs, global_scale: torch.Tensor | None = None,

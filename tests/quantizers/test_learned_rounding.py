@@ -16,6 +16,7 @@ from model_factory import random_ids
 from quantkit.config.scheme import PRESETS, QuantArgs, QuantScheme
 from quantkit.errors import QuantkitError
 from quantkit.quantizers.learned_rounding import SignRoundSettings, sign_sgd
+from quantkit.quantizers.learned_rounding.block import BlockRows, joined
 from quantkit.numerics.number_formats import Clip, QParams, number_format
 from quantkit.quantizers.rtn import rtn_weight
 from quantkit.steps import LayerContext, build_algorithm
@@ -215,6 +216,39 @@ def test_a_layer_without_targets_still_moves_the_float_model_on():
     ctx.targets = {}
     ctx.forward_float = lambda: float_passes.append(1)
     assert build_algorithm("learned_rounding").quantize_layer(ctx) == {} and float_passes == [1]
+
+
+class Shifted(Block):
+    """The block with a keyword argument: a per-row shift, or a tensor every row shares."""
+
+    def forward(self, x, shift=None, mode="add"):
+        y = super().forward(x)
+        return y + shift if mode == "add" else y - shift
+
+
+def test_calibration_batches_join_into_one_call_where_their_arguments_allow():
+    """Rows cut alike from every batch join; a tensor equal in every batch is kept once; the joined
+    call gives each row the error it had in its own batch. Batches that differ in anything
+    else stay apart."""
+    layer = Shifted()
+    xs = [correlated_rows(n, 8, 64, seed=n) for n in (2, 3)]
+    per_row = [torch.randn(n, 8, 64) for n in (2, 3)]
+    shared = torch.randn(64)
+    calls = [((x,), {"shift": s, "mode": "add"}) for x, s in zip(xs, per_row)]
+    block = BlockRows(layer, calls, [torch.ones(n, 8, dtype=torch.bool) for n in (2, 3)],
+                      [torch.zeros(n, 8, 64) for n in (2, 3)])
+    one = joined(block)
+    assert len(one.calls) == 1 and one.calls[0][0][0].shape[0] == 5 and one.rows == [(0, r) for r in range(5)]
+    with torch.no_grad():
+        apart = block.squared_error(0, torch.tensor([1]), {})[0] + block.squared_error(1, torch.tensor([0, 2]), {})[0]
+        together = one.squared_error(0, torch.tensor([1, 2, 4]), {})[0]
+    torch.testing.assert_close(together, apart)
+    kept_once = joined(BlockRows(layer, [((x,), {"shift": shared}) for x in xs], block.kept, block.reference))
+    assert len(kept_once.calls) == 1 and kept_once.calls[0][1]["shift"] is shared
+    differing = [((x,), {"shift": shared, "mode": m}) for x, m in zip(xs, ("add", "sub"))]
+    assert len(joined(BlockRows(layer, differing, block.kept, block.reference)).calls) == 2
+    other_shift = [((x,), {"shift": torch.randn(64)}) for x in xs]
+    assert len(joined(BlockRows(layer, other_shift, block.kept, block.reference)).calls) == 2
 
 
 def test_rows_drawn_per_step_and_seed_repeat():

@@ -8,10 +8,8 @@ before it already quantized, then solved; the pipeline runs the propagation pass
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from torch import nn
 
 from quantkit.errors import QuantkitError
 from quantkit.steps.base import LayerContext, QuantizedWeight
@@ -19,6 +17,7 @@ from quantkit.quantizers.gptq.float_inputs import FloatInputs
 from quantkit.quantizers.gptq.gptaq import Asymmetry
 from quantkit.quantizers.gptq.hessian import accumulate_asymmetry, accumulate_hessian
 from quantkit.quantizers.gptq.solve import SolveSettings
+from quantkit.quantizers.shared_inputs import leader_inputs
 from quantkit.quantizers.gptq.stack import solve_batches, solve_stack
 
 
@@ -48,31 +47,16 @@ def collect_hessians(ctx: LayerContext, names: list[str], offload: bool = False,
     normed hidden states, gate/up) share one Hessian, accumulated once.
     """
     hs = HessianSet()
-    last: list[Any] = [None, None]  # the last input tensor accumulated, and its leader
 
-    def make_hook(name: str):
-        def hook(module: nn.Module, inputs: tuple) -> None:
-            x = inputs[0]
-            leader = last[1] if last[0] is x else name
-            if hs.leader.setdefault(name, leader) != leader:
-                raise RuntimeError(f"gptq: {ctx.name}.{name} changed which input it shares between calls")
-            if leader == name:
-                xt = ctx.tokens(x.detach())
-                if floats is not None:
-                    hs.dXXT[name] = accumulate_asymmetry(floats.of(name, ctx.batch_index()), xt,
-                                                         hs.dXXT.get(name), hs.tokens.get(name, 0))
-                hs.H[name], hs.tokens[name] = accumulate_hessian(xt, hs.H.get(name), hs.tokens.get(name, 0))
-                last[0], last[1] = x, name
-        return hook
+    def accumulate(name: str, x: torch.Tensor) -> None:
+        xt = ctx.tokens(x.detach())
+        if floats is not None:
+            hs.dXXT[name] = accumulate_asymmetry(floats.of(name, ctx.batch_index()), xt,
+                                                 hs.dXXT.get(name), hs.tokens.get(name, 0))
+        hs.H[name], hs.tokens[name] = accumulate_hessian(xt, hs.H.get(name), hs.tokens.get(name, 0))
 
-    handles = [ctx.targets[n][0].register_forward_pre_hook(make_hook(n)) for n in names]
-    try:
-        with torch.no_grad():
-            ctx.forward()
-    finally:
-        for h in handles:
-            h.remove()
-        last[0] = None
+    with leader_inputs(ctx, names, hs.leader, accumulate, "gptq"), torch.no_grad():
+        ctx.forward()
     missing = [n for n in names if n not in hs.leader]
     if missing:
         raise QuantkitError(f"{ctx.name}.{missing[0]}: never called during calibration (no Hessian)")

@@ -7,12 +7,18 @@ model's output of this layer (the float layer on the float model's inputs,
 inputs. ``BlockRows`` then runs the layer on any rows of them with candidate weights
 (``torch.func.functional_call``), every floating tensor in float32, and gives the squared error
 against the target at the real tokens. With ``amp`` on, the layer's matmuls run under bfloat16
-autocast (AutoRound's default on CPUs and GPUs that have bfloat16): the target stays the float32
-output, the squared error is taken in float32, and the gradients reach the float32 parameters.
+autocast (AutoRound's default on CPUs and GPUs that have bfloat16) and its activations and other
+parameters are bfloat16 (AutoRound casts the whole model): the target stays the float32 output of
+the model's own passes, the squared error is taken in float32, and the gradients reach the
+float32 parameters.
+
+A step's rows are drawn from every calibration batch; ``joined`` makes the batches one call
+where their arguments allow, so that a step runs one batch, not one per calibration batch.
 """
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -45,13 +51,17 @@ class BlockRows:
         place of its own parameters of those names."""
         args, kwargs = self.calls[call]
         n = self.kept[call].shape[0]
-        params = {k: v.float() for k, v in self.layer.named_parameters()}
-        params.update({k: v.float() for k, v in self.layer.named_buffers()})
+        # under amp the layer's activations and its other parameters are bfloat16 (AutoRound
+        # casts the whole model): only the candidate weights are float32, cast by autocast at
+        # each matmul
+        dtype = torch.bfloat16 if self.amp else torch.float32
+        params = {k: _cast(v, dtype) for k, v in self.layer.named_parameters() if k not in weights}
+        params.update({k: _cast(v, dtype) for k, v in self.layer.named_buffers()})
         params.update(weights)
         device = next(iter(params.values())).device.type
         with torch.autocast(device, dtype=torch.bfloat16, enabled=self.amp):
-            out = functional_call(self.layer, params, _float32(_rows(args, rows, n)),
-                                  _float32(_rows(kwargs, rows, n)), strict=False)
+            out = functional_call(self.layer, params, _cast(_rows(args, rows, n), dtype),
+                                  _cast(_rows(kwargs, rows, n), dtype), strict=False)
         return (out[0] if isinstance(out, (tuple, list)) else out).float()
 
     def squared_error(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
@@ -62,10 +72,13 @@ class BlockRows:
         return d.pow(2).sum(), d.numel()
 
 
-def capture_block(ctx: LayerContext, float_target: bool) -> BlockRows:
+def capture_block(ctx: LayerContext, float_target: bool,
+                  watch: AbstractContextManager | None = None) -> BlockRows:
     """One pass over the calibration batches: each call's arguments and real tokens; then the
     target, with ``float_target`` the float model's output of the layer (one pass over its
-    inputs, which become its next layer's), else the float layer's own on the same calls."""
+    inputs, which become its next layer's), else the float layer's own on the same calls.
+    ``watch`` is entered around the first pass alone (hooks that observe the layer's inputs
+    there, as a pass of their own would)."""
     if float_target and ctx.forward_float is None:
         raise QuantkitError(f"{ctx.name}: learned rounding's float target needs the float model's layer inputs, "
                             "which this run does not carry")
@@ -84,17 +97,57 @@ def capture_block(ctx: LayerContext, float_target: bool) -> BlockRows:
 
     handle = ctx.layer.register_forward_pre_hook(pre, with_kwargs=True)
     try:
-        with torch.no_grad():
+        with watch or nullcontext(), torch.no_grad():
             ctx.forward()
     finally:
         handle.remove()
     if float_target:
         _float_model_outputs(ctx, block)
+    else:
+        with torch.no_grad():
+            for c, k in enumerate(block.kept):
+                block.reference.append(block.run(c, torch.arange(k.shape[0]), {}))
+    return joined(block)
+
+
+class _Apart(Exception):
+    """Two calls' arguments that one call cannot hold."""
+
+
+def joined(block: BlockRows) -> BlockRows:
+    """The block's calls as one call of all their rows, where their arguments allow it (each
+    tensor cut by rows alike, everything else equal); else the block as it is. A step's rows,
+    drawn from every call, then run as one batch: one attention call and one cast of each
+    weight a step instead of one per calibration batch."""
+    if len(block.calls) < 2:
         return block
-    with torch.no_grad():
-        for c, k in enumerate(block.kept):
-            block.reference.append(block.run(c, torch.arange(k.shape[0]), {}))
-    return block
+    ns = [k.shape[0] for k in block.kept]
+    try:
+        args = _join([a for a, _ in block.calls], ns)
+        kwargs = _join([k for _, k in block.calls], ns)
+    except _Apart:
+        return block
+    return BlockRows(block.layer, [(args, kwargs)], [torch.cat(block.kept)], [torch.cat(block.reference)], block.amp)
+
+
+def _join(values: list, ns: list[int]):
+    """One value for every call's ``values``: tensors holding each call's rows concatenated,
+    equal ones kept once (in tuples, lists and dicts too); ``_Apart`` otherwise."""
+    first = values[0]
+    if all(isinstance(v, torch.Tensor) for v in values):
+        if all(v.dim() > 0 and v.shape[0] == n and v.shape[1:] == first.shape[1:] and v.dtype == first.dtype
+               for v, n in zip(values, ns)):
+            return torch.cat(values)
+        if all(v.shape == first.shape and v.dtype == first.dtype and torch.equal(v, first) for v in values):
+            return first
+        raise _Apart
+    if isinstance(first, (tuple, list)) and all(type(v) is type(first) and len(v) == len(first) for v in values):
+        return type(first)(_join(list(items), ns) for items in zip(*values))
+    if isinstance(first, dict) and all(isinstance(v, dict) and v.keys() == first.keys() for v in values):
+        return {key: _join([v[key] for v in values], ns) for key in first}
+    if all(v is first or (not isinstance(v, (torch.Tensor, tuple, list, dict)) and v == first) for v in values):
+        return first
+    raise _Apart
 
 
 def _float_model_outputs(ctx: LayerContext, block: BlockRows) -> None:
@@ -126,12 +179,12 @@ def _rows(value, rows: torch.Tensor, n: int):
     return value
 
 
-def _float32(value):
-    """Every floating tensor of ``value`` in float32 (in tuples, lists and dicts too)."""
+def _cast(value, dtype: torch.dtype):
+    """Every floating tensor of ``value`` in ``dtype`` (in tuples, lists and dicts too)."""
     if isinstance(value, torch.Tensor):
-        return value.float() if value.is_floating_point() else value
+        return value.to(dtype) if value.is_floating_point() else value
     if isinstance(value, (tuple, list)):
-        return type(value)(_float32(v) for v in value)
+        return type(value)(_cast(v, dtype) for v in value)
     if isinstance(value, dict):
-        return {k: _float32(v) for k, v in value.items()}
+        return {k: _cast(v, dtype) for k, v in value.items()}
     return value

@@ -4,7 +4,7 @@ For each decoder layer: capture its calibration calls and the float layer's outp
 (``block.py``), learn every target's rounding offsets and clip factors together against that
 output (``signround.py``) through its number format's differentiable fake-quantization, starting
 from the ranges the scheme's observer picks (min-max; the ``mse`` search; the ``imatrix_mse``
-search weighted by each column's mean squared input, from one more layer pass), and
+search weighted by each column's mean squared input, taken in the capture's pass), and
 write the format's codes on the learned scales (``numerics/number_formats``: every format the
 same way, none named here).
 """
@@ -25,7 +25,7 @@ from quantkit.numerics.primitives import sqnr_db
 from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
 from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
                                                            sign_sgd)
-from quantkit.quantizers.rtn import input_importance
+from quantkit.quantizers.importance import ColumnImportance
 from quantkit.serving.capabilities import Capabilities
 from quantkit.steps.base import Algorithm, LayerContext, QuantizedWeight, register_algorithm
 
@@ -102,8 +102,10 @@ class LearnedRounding(Algorithm):
                     ctx.forward_float()
             return {}
         t0 = time.perf_counter()
-        importance = input_importance(ctx, [n for n, g in grids.items() if g.args.observer == "imatrix_mse"])
-        block = capture_block(ctx, self.float_target)
+        # the weighted range search's input statistics come from the capture's own pass
+        weighted = ColumnImportance(ctx, [n for n, g in grids.items() if g.args.observer == "imatrix_mse"])
+        block = capture_block(ctx, self.float_target, weighted.watching())
+        importance = weighted.result()
         # after the capture: the target is the float32 output
         block.amp = self.amp if self.amp is not None else native_bf16(ctx.layer)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
