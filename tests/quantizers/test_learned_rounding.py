@@ -119,7 +119,8 @@ def test_beats_round_to_nearest_on_the_block_output(args, amp):
     block, original, rtn = Block(), Block(), Block()
     ctx = make_ctx(block, inputs, scheme)
     # every row in every step: the first step's loss is round to nearest's on the whole set
-    algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4, "float_target": False, "amp": amp})
+    algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4, "float_target": False, "amp": amp,
+                                                 "compile": False})
     assert not algo.needs_float_inputs
     results = algo.quantize_layer(ctx)
     for name, r in results.items():
@@ -163,7 +164,7 @@ def test_learning_starts_from_the_observers_ranges(args):
         ctx = make_ctx(block, inputs, scheme)
         ctx.num_batches = len(inputs)   # a run with calibration data: the observer weighs the columns
         contexts.append(ctx)
-    algo = build_algorithm("learned_rounding", {"iters": 1, "float_target": False, "amp": False})
+    algo = build_algorithm("learned_rounding", {"iters": 1, "float_target": False, "amp": False, "compile": False})
     learned = algo.quantize_layer(contexts[0])
     rtn = build_algorithm("rtn").quantize_layer(contexts[1])
     minmax = dataclasses.replace(args, observer="minmax")
@@ -189,7 +190,7 @@ def test_the_float_target_is_the_float_models_output():
     for float_target in (True, False):
         block = Block()
         algo = build_algorithm("learned_rounding", {"iters": 40, "batch_size": 4, "float_target": float_target,
-                                                     "amp": False})
+                                                     "amp": False, "compile": False})
         assert algo.needs_float_inputs == float_target
         results = algo.quantize_layer(make_ctx(block, inputs, scheme, float_inputs))
         for name, r in results.items():
@@ -251,6 +252,54 @@ def test_calibration_batches_join_into_one_call_where_their_arguments_allow():
     assert len(joined(BlockRows(layer, other_shift, block.kept, block.reference)).calls) == 2
 
 
+@pytest.mark.parametrize("amp", [False, True], ids=["float32", "bf16-autocast"])
+def test_the_compiled_step_learns_what_the_eager_one_does(amp):
+    """torch.compile fuses the step, it does not change it: in float32 the same draws give losses
+    equal to the eager run's up to the fused kernels' rounding, and the layer's figures say which
+    ran."""
+    scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
+    inputs = [correlated_rows(2, 16, 64, seed=s) for s in range(2)]
+    stats = {}
+    for compiled in (False, True):
+        algo = build_algorithm("learned_rounding", {"iters": 8, "batch_size": 2, "float_target": False, "amp": amp,
+                                                     "compile": compiled})
+        stats[compiled] = algo.quantize_layer(make_ctx(Block(), inputs, scheme))["up_proj"].stats
+    assert stats[True]["compiled"] is True and stats[False]["compiled"] is False
+    assert "compile_fallback" not in stats[True]
+    if not amp:
+        for key in ("rtn_loss", "loss"):
+            assert stats[True][key] == pytest.approx(stats[False][key], rel=1e-4), key
+    else:   # bfloat16's rounding flips some gradients' signs: the paths part, both still learn
+        assert stats[True]["rtn_loss"] == pytest.approx(stats[False]["rtn_loss"], rel=2e-2)
+        assert all(st["loss"] < st["rtn_loss"] for st in stats.values())
+
+
+def test_a_failing_compiler_leaves_the_run_eager_and_says_why(monkeypatch):
+    from quantkit.quantizers.learned_rounding import step_error
+
+    def broken():
+        def fail(*args):
+            raise torch._dynamo.exc.TorchDynamoException("no C++ compiler found")
+        return fail
+
+    monkeypatch.setattr(step_error, "compiled_step_error", broken)
+    monkeypatch.setattr(step_error, "_failure", None)
+    scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
+    inputs = [correlated_rows(2, 16, 64, seed=s) for s in range(2)]
+    options = {"iters": 4, "batch_size": 2, "float_target": False, "amp": False}
+    broken_run = build_algorithm("learned_rounding", {**options, "compile": True}).quantize_layer(
+        make_ctx(Block(), inputs, scheme))
+    eager_run = build_algorithm("learned_rounding", {**options, "compile": False}).quantize_layer(
+        make_ctx(Block(), inputs, scheme))
+    st = broken_run["up_proj"].stats
+    assert st["compiled"] is False and "no C++ compiler found" in st["compile_fallback"]
+    assert torch.equal(broken_run["up_proj"].q, eager_run["up_proj"].q)
+    # the rest of the process stays eager without trying again
+    again = build_algorithm("learned_rounding", {**options, "compile": True}).quantize_layer(
+        make_ctx(Block(), inputs, scheme))["up_proj"].stats
+    assert again["compiled"] is False and "no C++ compiler found" in again["compile_fallback"]
+
+
 def test_rows_drawn_per_step_and_seed_repeat():
     scheme = QuantScheme(("Linear",), QuantArgs(num_bits=4, group_size=16))
     inputs = [correlated_rows(3, 8, 64, seed=s) for s in range(2)]
@@ -258,7 +307,7 @@ def test_rows_drawn_per_step_and_seed_repeat():
     def codes(seed: int):
         block = Block()
         out = build_algorithm("learned_rounding", {"iters": 6, "batch_size": 2, "seed": seed,
-                                                   "float_target": False}).quantize_layer(
+                                                   "float_target": False, "compile": False}).quantize_layer(
             make_ctx(block, inputs, scheme))
         return out["up_proj"].q, out["up_proj"].stats
 

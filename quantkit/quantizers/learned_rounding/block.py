@@ -46,30 +46,53 @@ class BlockRows:
         """Every calibration row as ``(call, row)``."""
         return [(c, r) for c, k in enumerate(self.kept) for r in range(k.shape[0])]
 
+    def inputs(self, call: int, rows: torch.Tensor) -> tuple[tuple, dict, torch.Tensor, torch.Tensor]:
+        """``rows`` of one call: its arguments (every floating tensor in the dtype the layer runs
+        in), the target output and the real-token mask."""
+        return (*self._arguments(call, rows), self.reference[call][rows], self.kept[call][rows])
+
+    def _arguments(self, call: int, rows: torch.Tensor) -> tuple[tuple, dict]:
+        args, kwargs = self.calls[call]
+        n = self.kept[call].shape[0]
+        dtype = torch.bfloat16 if self.amp else torch.float32
+        return _cast(_rows(args, rows, n), dtype), _cast(_rows(kwargs, rows, n), dtype)
+
     def run(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> torch.Tensor:
         """The layer's float32 output on ``rows`` of one call, with ``weights`` (name -> tensor) in
         place of its own parameters of those names."""
-        args, kwargs = self.calls[call]
-        n = self.kept[call].shape[0]
-        # under amp the layer's activations and its other parameters are bfloat16 (AutoRound
-        # casts the whole model): only the candidate weights are float32, cast by autocast at
-        # each matmul
-        dtype = torch.bfloat16 if self.amp else torch.float32
-        params = {k: _cast(v, dtype) for k, v in self.layer.named_parameters() if k not in weights}
-        params.update({k: _cast(v, dtype) for k, v in self.layer.named_buffers()})
-        params.update(weights)
-        device = next(iter(params.values())).device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.amp):
-            out = functional_call(self.layer, params, _cast(_rows(args, rows, n), dtype),
-                                  _cast(_rows(kwargs, rows, n), dtype), strict=False)
-        return (out[0] if isinstance(out, (tuple, list)) else out).float()
+        return layer_output(self.layer, weights, *self._arguments(call, rows), self.amp)
 
     def squared_error(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
         """Summed squared error at the real tokens of ``rows``, and how many values it sums."""
-        y = self.run(call, rows, weights)
-        keep = self.kept[call][rows]
-        d = (y - self.reference[call][rows])[keep]
-        return d.pow(2).sum(), d.numel()
+        args, kwargs, reference, keep = self.inputs(call, rows)
+        y = layer_output(self.layer, weights, args, kwargs, self.amp)
+        return masked_squared_error(y, reference, keep), values_at(keep, reference)
+
+
+def layer_output(layer: nn.Module, weights: dict[str, torch.Tensor], args: tuple, kwargs: dict,
+                 amp: bool) -> torch.Tensor:
+    """``layer``'s float32 output on ``args`` and ``kwargs`` with ``weights`` in place of its own
+    parameters of those names; under ``amp`` its other parameters bfloat16 (AutoRound casts the
+    whole model) and its matmuls under bfloat16 autocast."""
+    dtype = torch.bfloat16 if amp else torch.float32
+    params = {k: _cast(v, dtype) for k, v in layer.named_parameters() if k not in weights}
+    params.update({k: _cast(v, dtype) for k, v in layer.named_buffers()})
+    params.update(weights)
+    device = next(iter(params.values())).device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
+        out = functional_call(layer, params, args, kwargs, strict=False)
+    return (out[0] if isinstance(out, (tuple, list)) else out).float()
+
+
+def masked_squared_error(y: torch.Tensor, reference: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The summed squared error of ``y`` against ``reference`` at the positions ``keep`` marks
+    (a mask, not a selection: the shapes stay fixed, which a compiled step needs)."""
+    return torch.where(keep.unsqueeze(-1), y - reference, 0.0).pow(2).sum()
+
+
+def values_at(keep: torch.Tensor, reference: torch.Tensor) -> int:
+    """How many values ``masked_squared_error`` sums."""
+    return int(keep.sum()) * reference.shape[-1]
 
 
 def capture_block(ctx: LayerContext, float_target: bool,

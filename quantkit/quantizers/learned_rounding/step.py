@@ -22,7 +22,8 @@ import torch
 from quantkit.errors import QuantkitError
 from quantkit.numerics.number_formats import Clip, NumberFormat, importance_clip, number_format
 from quantkit.numerics.primitives import sqnr_db
-from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block
+from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block, values_at
+from quantkit.quantizers.learned_rounding.step_error import StepError
 from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
                                                            sign_sgd)
 from quantkit.quantizers.importance import ColumnImportance
@@ -55,6 +56,9 @@ class LearnedRounding(Algorithm):
             learned parameters staying float32. None (default): on where the host has native
             bfloat16 (a CUDA device that supports it; a CPU with AMX or AVX-512 BF16), else off.
             Off: float32 throughout.
+        compile: run each step's fake-quantization and layer through ``torch.compile`` (as
+            AutoRound does by default; ``step_error.py``). A compiler failure leaves the run
+            eager, recorded as ``compile_fallback`` in the layer's figures.
         seed: the row draws' seed.
 
     Example:
@@ -70,6 +74,7 @@ class LearnedRounding(Algorithm):
     minmax_tuning: bool = True
     float_target: bool = True
     amp: bool | None = None
+    compile: bool = True
     seed: int = 0
 
     requires_calibration: ClassVar[bool] = True
@@ -116,20 +121,21 @@ class LearnedRounding(Algorithm):
                                              _start_clip(grids[name], w, global_scales[name], importance.get(name)))
                   for name, w in weights.items()}
 
-        def fake() -> dict[str, torch.Tensor]:
-            return {f"{name}.weight": grids[name].fake_quantize(w, params[name].v,
-                                                                Clip(params[name].beta, params[name].alpha),
-                                                                global_scales[name]).float()
-                    for name, w in weights.items()}
+        error = StepError(self.compile)
+
+        def error_of(args: tuple, kwargs: dict, reference: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+            return error(ctx.layer, grids, weights, params, global_scales, args, kwargs, reference, keep, block.amp)
 
         def clamp() -> None:
             for p in params.values():
                 p.clamp_()
 
-        result = sign_sgd([t for p in params.values() for t in p.learned()], _loss(block, fake, settings),
+        result = sign_sgd([t for p in params.values() for t in p.learned()], _loss(block, error_of, settings),
                           settings, clamp)
         seconds = time.perf_counter() - t0
-        return {name: _encode(grids[name], w, params[name], global_scales[name], result, settings, block, seconds)
+        compiled = {"compiled": error.compiled, **({"compile_fallback": error.fallback} if error.fallback else {})}
+        return {name: _encode(grids[name], w, params[name], global_scales[name], result, settings, block, seconds,
+                              compiled)
                 for name, w in weights.items()}
 
 
@@ -186,34 +192,34 @@ def _global_scales(ctx: LayerContext, grids: dict[str, NumberFormat], weights: d
     return out
 
 
-def _loss(block: BlockRows, fake, settings: SignRoundSettings):
+def _loss(block: BlockRows, error_of, settings: SignRoundSettings):
     """``loss_of(step)``: the mean squared error of the quantized layer's output on
-    ``batch_size`` rows drawn at random (the same draws for the same seed)."""
+    ``batch_size`` rows drawn at random (the same draws for the same seed); ``error_of(args,
+    kwargs, reference, keep)`` the summed squared error on some rows of one call."""
     rows = block.rows
     generator = torch.Generator().manual_seed(settings.seed)
 
     def loss_of(step: int) -> torch.Tensor:
         pick = torch.randperm(len(rows), generator=generator)[: settings.batch_size].tolist()
-        weights = fake()
         total, count = 0.0, 0
         for call in sorted({rows[i][0] for i in pick}):
             chosen = torch.tensor([rows[i][1] for i in pick if rows[i][0] == call])
-            err, n = block.squared_error(call, chosen, weights)
-            total, count = total + err, count + n
+            args, kwargs, reference, keep = block.inputs(call, chosen)
+            total, count = total + error_of(args, kwargs, reference, keep), count + values_at(keep, reference)
         return total / max(count, 1)
 
     return loss_of
 
 
 def _encode(grid: NumberFormat, w: torch.Tensor, p: RoundingParams, global_scale, result: SignRoundResult,
-            settings: SignRoundSettings, block: BlockRows, seconds: float) -> QuantizedWeight:
+            settings: SignRoundSettings, block: BlockRows, seconds: float, compiled: dict) -> QuantizedWeight:
     """The codes on the learned scales, as the checkpoint stores them, and the layer's figures."""
     with torch.no_grad():
         qp = grid.scales(w, Clip(p.beta.detach(), p.alpha.detach()), global_scale)
         codes = grid.quantize(w, qp, offset=p.v.detach())
         decoded = grid.dequantize(codes, qp, dtype=w.dtype)
     stats = {"algorithm": "learned_rounding", "iters": settings.iters, "lr": settings.step_size,
-             "batch_size": settings.batch_size, "rows": len(block.rows), "amp": block.amp,
+             "batch_size": settings.batch_size, "rows": len(block.rows), "amp": block.amp, **compiled,
              "rtn_loss": result.first_loss, "loss": result.best_loss, "last_loss": result.last_loss,
              "best_step": result.best_step, "rounded_up_or_down": float((p.v.detach().abs() >= 0.5).float().mean()),
              "sqnr_db": round(sqnr_db(w, decoded), 3), "seconds": round(seconds, 2)}
