@@ -18,7 +18,9 @@ NVFP4A16 and MXFP4A16 (``FORMATS``) and the recipes of ``recipes_for``:
   - GPTQModel 7.7: ``gptq`` (its QuantizeConfig defaults) and ``gptaq`` (GPTAQ).
 
 Each cell's quantization runs in a subprocess with the toolkit's own interpreter
-(``benchmarks/peer_workers.py``), one thread (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``):
+(``benchmarks/peer_workers.py``), one thread (``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``;
+``torch.compile``, which AutoRound and quantkit's learned rounding use, compiling in that process into
+an empty cache of the cell's own, ``TORCHINDUCTOR_COMPILE_THREADS=1``, ``TORCHINDUCTOR_CACHE_DIR``):
 CPU s is the process CPU time of the quantization call alone; peak RSS is the worker's own high-water
 mark (``VmHWM``), so it covers the whole worker (model load and save included): the child's
 ``ru_maxrss`` is not used, since on Linux it starts from the parent's peak at the fork.
@@ -281,7 +283,11 @@ def run_worker(python: str, spec: dict, timeout: int) -> dict:
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                    PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT)]),   # this tree's quantkit
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   # torch.compile (AutoRound's and quantkit's learned rounding) compiles in this
+                   # process, its CPU time counted, into a cache of the cell's own: every cell
+                   # compiles from nothing, as on a fresh machine
+                   TORCHINDUCTOR_COMPILE_THREADS="1", TORCHINDUCTOR_CACHE_DIR=str(Path(tmp) / "inductor"))
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.Popen([python, str(WORKER), str(spec_path), str(result_path)], env=env,
