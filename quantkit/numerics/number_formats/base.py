@@ -171,6 +171,8 @@ class NumberFormat(ABC):
     def reduce_to_scales(self, x: torch.Tensor, g_idx: torch.Tensor | None = None) -> torch.Tensor:
         """Per-element ``x`` ``[out, in]`` summed to the scale's shape."""
         groups = None if self.args.group_size is None else (x.shape[0], x.shape[1] // self.args.group_size)
+        if groups is not None and g_idx is None and self.args.strategy in ("group", "tensor_group"):
+            return x.reshape(*groups, self.args.group_size).sum(-1)   # contiguous groups: no scatter
         return reduce_sum(x, self.args, g_idx, groups)
 
 

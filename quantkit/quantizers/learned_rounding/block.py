@@ -96,12 +96,14 @@ def values_at(keep: torch.Tensor, reference: torch.Tensor) -> int:
 
 
 def capture_block(ctx: LayerContext, float_target: bool,
-                  watch: AbstractContextManager | None = None) -> BlockRows:
+                  watch: AbstractContextManager | None = None, amp: bool = False) -> BlockRows:
     """One pass over the calibration batches: each call's arguments and real tokens; then the
     target, with ``float_target`` the float model's output of the layer (one pass over its
     inputs, which become its next layer's), else the float layer's own on the same calls.
     ``watch`` is entered around the first pass alone (hooks that observe the layer's inputs
-    there, as a pass of their own would)."""
+    there, as a pass of their own would). With ``amp`` that first pass runs under bfloat16
+    autocast: it keeps the layer's arguments as they come in and hands its outputs to no one,
+    so only ``watch``'s statistics see bfloat16's rounding. The block comes back with ``amp``."""
     if float_target and ctx.forward_float is None:
         raise QuantkitError(f"{ctx.name}: learned rounding's float target needs the float model's layer inputs, "
                             "which this run does not carry")
@@ -120,7 +122,8 @@ def capture_block(ctx: LayerContext, float_target: bool,
 
     handle = ctx.layer.register_forward_pre_hook(pre, with_kwargs=True)
     try:
-        with watch or nullcontext(), torch.no_grad():
+        device = next(ctx.layer.parameters()).device.type
+        with watch or nullcontext(), torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16, enabled=amp):
             ctx.forward()
     finally:
         handle.remove()
@@ -130,6 +133,7 @@ def capture_block(ctx: LayerContext, float_target: bool,
         with torch.no_grad():
             for c, k in enumerate(block.kept):
                 block.reference.append(block.run(c, torch.arange(k.shape[0]), {}))
+    block.amp = amp   # after the target: it is the float32 output
     return joined(block)
 
 

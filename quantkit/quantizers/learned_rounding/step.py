@@ -109,10 +109,9 @@ class LearnedRounding(Algorithm):
         t0 = time.perf_counter()
         # the weighted range search's input statistics come from the capture's own pass
         weighted = ColumnImportance(ctx, [n for n, g in grids.items() if g.args.observer == "imatrix_mse"])
-        block = capture_block(ctx, self.float_target, weighted.watching())
+        amp = self.amp if self.amp is not None else native_bf16(ctx.layer)
+        block = capture_block(ctx, self.float_target, weighted.watching(), amp)
         importance = weighted.result()
-        # after the capture: the target is the float32 output
-        block.amp = self.amp if self.amp is not None else native_bf16(ctx.layer)
         weights = {name: module.weight.detach() for name, (module, _) in ctx.targets.items()}
         global_scales = _global_scales(ctx, grids, weights)
         settings = self.settings
