@@ -23,8 +23,8 @@ from quantkit.errors import QuantkitError
 from quantkit.numerics.number_formats import Clip, NumberFormat, importance_clip, number_format
 from quantkit.numerics.primitives import sqnr_db
 from quantkit.quantizers.learned_rounding.block import BlockRows, capture_block, values_at
-from quantkit.quantizers.learned_rounding.step_error import StepError
-from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundResult, SignRoundSettings,
+from quantkit.quantizers.learned_rounding.step_error import LayerTargets, StepError
+from quantkit.quantizers.learned_rounding.signround import (RoundingParams, SignRoundSettings,
                                                            sign_sgd)
 from quantkit.quantizers.importance import ColumnImportance
 from quantkit.serving.capabilities import Capabilities
@@ -121,9 +121,10 @@ class LearnedRounding(Algorithm):
                   for name, w in weights.items()}
 
         error = StepError(self.compile)
+        targets = LayerTargets(ctx.layer, grids, weights, params, global_scales)
 
         def error_of(args: tuple, kwargs: dict, reference: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-            return error(ctx.layer, grids, weights, params, global_scales, args, kwargs, reference, keep, block.amp)
+            return error(targets, args, kwargs, reference, keep, block.amp)
 
         def clamp() -> None:
             for p in params.values():
@@ -131,10 +132,12 @@ class LearnedRounding(Algorithm):
 
         result = sign_sgd([t for p in params.values() for t in p.learned()], _loss(block, error_of, settings),
                           settings, clamp)
-        seconds = time.perf_counter() - t0
-        compiled = {"compiled": error.compiled, **({"compile_fallback": error.fallback} if error.fallback else {})}
-        return {name: _encode(grids[name], w, params[name], global_scales[name], result, settings, block, seconds,
-                              compiled)
+        figures = {"algorithm": "learned_rounding", "iters": settings.iters, "lr": settings.step_size,
+                   "batch_size": settings.batch_size, "rows": len(block.rows), "amp": block.amp,
+                   "compiled": error.compiled, **({"compile_fallback": error.fallback} if error.fallback else {}),
+                   "rtn_loss": result.first_loss, "loss": result.best_loss, "last_loss": result.last_loss,
+                   "best_step": result.best_step, "seconds": round(time.perf_counter() - t0, 2)}
+        return {name: _encode(grids[name], w, params[name], global_scales[name], figures)
                 for name, w in weights.items()}
 
 
@@ -210,16 +213,13 @@ def _loss(block: BlockRows, error_of, settings: SignRoundSettings):
     return loss_of
 
 
-def _encode(grid: NumberFormat, w: torch.Tensor, p: RoundingParams, global_scale, result: SignRoundResult,
-            settings: SignRoundSettings, block: BlockRows, seconds: float, compiled: dict) -> QuantizedWeight:
-    """The codes on the learned scales, as the checkpoint stores them, and the layer's figures."""
+def _encode(grid: NumberFormat, w: torch.Tensor, p: RoundingParams, global_scale, figures: dict) -> QuantizedWeight:
+    """The codes on the learned scales, as the checkpoint stores them, with the layer's
+    ``figures`` and this weight's own."""
     with torch.no_grad():
         qp = grid.scales(w, Clip(p.beta.detach(), p.alpha.detach()), global_scale)
         codes = grid.quantize(w, qp, offset=p.v.detach())
         decoded = grid.dequantize(codes, qp, dtype=w.dtype)
-    stats = {"algorithm": "learned_rounding", "iters": settings.iters, "lr": settings.step_size,
-             "batch_size": settings.batch_size, "rows": len(block.rows), "amp": block.amp, **compiled,
-             "rtn_loss": result.first_loss, "loss": result.best_loss, "last_loss": result.last_loss,
-             "best_step": result.best_step, "rounded_up_or_down": float((p.v.detach().abs() >= 0.5).float().mean()),
-             "sqnr_db": round(sqnr_db(w, decoded), 3), "seconds": round(seconds, 2)}
+    stats = {**figures, "rounded_up_or_down": float((p.v.detach().abs() >= 0.5).float().mean()),
+             "sqnr_db": round(sqnr_db(w, decoded), 3)}
     return QuantizedWeight(codes, qp.scale, qp.zero_point, None, stats, qp.global_scale)

@@ -12,6 +12,7 @@ eager and says why in the layer's figures.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -22,15 +23,27 @@ from quantkit.quantizers.learned_rounding.block import layer_output, masked_squa
 from quantkit.quantizers.learned_rounding.signround import RoundingParams
 
 
-def step_error(layer: nn.Module, grids: dict[str, NumberFormat], weights: dict[str, torch.Tensor],
-               params: dict[str, RoundingParams], global_scales: dict[str, torch.Tensor | None],
-               args: tuple, kwargs: dict, reference: torch.Tensor, keep: torch.Tensor, amp: bool) -> torch.Tensor:
-    """The summed squared error of ``layer`` on ``args``, ``kwargs`` against ``reference`` at
-    ``keep``, each target weight replaced by its fake-quantization under ``params``."""
-    fakes = {f"{name}.weight": grids[name].fake_quantize(w, params[name].v, Clip(params[name].beta, params[name].alpha),
-                                                         global_scales[name]).float()
-             for name, w in weights.items()}
-    return masked_squared_error(layer_output(layer, fakes, args, kwargs, amp), reference, keep)
+@dataclass
+class LayerTargets:
+    """What a step learns on: the layer, and per target its number format, float weight,
+    learned parameters and per-tensor scale (None where the format has none)."""
+
+    layer: nn.Module
+    grids: dict[str, NumberFormat]
+    weights: dict[str, torch.Tensor]
+    params: dict[str, RoundingParams]
+    global_scales: dict[str, torch.Tensor | None]
+
+
+def step_error(t: LayerTargets, args: tuple, kwargs: dict, reference: torch.Tensor, keep: torch.Tensor,
+               amp: bool) -> torch.Tensor:
+    """The summed squared error of ``t.layer`` on ``args``, ``kwargs`` against ``reference`` at
+    ``keep``, each target weight replaced by its fake-quantization under ``t.params``."""
+    fakes = {f"{name}.weight": t.grids[name].fake_quantize(w, t.params[name].v,
+                                                           Clip(t.params[name].beta, t.params[name].alpha),
+                                                           t.global_scales[name]).float()
+             for name, w in t.weights.items()}
+    return masked_squared_error(layer_output(t.layer, fakes, args, kwargs, amp), reference, keep)
 
 
 _compiled: Callable[..., torch.Tensor] | None = None
