@@ -16,7 +16,7 @@ from model_factory import random_ids
 from quantkit.config.scheme import PRESETS, QuantArgs, QuantScheme
 from quantkit.errors import QuantkitError
 from quantkit.quantizers.learned_rounding import SignRoundSettings, sign_sgd
-from quantkit.quantizers.learned_rounding.block import BlockRows, joined
+from quantkit.quantizers.learned_rounding.block import BlockRows, joined, layer_output, masked_squared_error
 from quantkit.numerics.number_formats import Clip, QParams, number_format
 from quantkit.quantizers.rtn import rtn_weight
 from quantkit.steps import LayerContext, build_algorithm
@@ -240,9 +240,13 @@ def test_calibration_batches_join_into_one_call_where_their_arguments_allow():
                       [torch.zeros(n, 8, 64) for n in (2, 3)])
     one = joined(block)
     assert len(one.calls) == 1 and one.calls[0][0][0].shape[0] == 5 and one.rows == [(0, r) for r in range(5)]
+    def error(b: BlockRows, call: int, rows: list[int]) -> torch.Tensor:
+        args, kwargs, reference, keep = b.inputs(call, torch.tensor(rows))
+        return masked_squared_error(layer_output(b.layer, {}, args, kwargs, b.amp), reference, keep)
+
     with torch.no_grad():
-        apart = block.squared_error(0, torch.tensor([1]), {})[0] + block.squared_error(1, torch.tensor([0, 2]), {})[0]
-        together = one.squared_error(0, torch.tensor([1, 2, 4]), {})[0]
+        apart = error(block, 0, [1]) + error(block, 1, [0, 2])
+        together = error(one, 0, [1, 2, 4])
     torch.testing.assert_close(together, apart)
     kept_once = joined(BlockRows(layer, [((x,), {"shift": shared}) for x in xs], block.kept, block.reference))
     assert len(kept_once.calls) == 1 and kept_once.calls[0][1]["shift"] is shared

@@ -62,12 +62,6 @@ class BlockRows:
         place of its own parameters of those names."""
         return layer_output(self.layer, weights, *self._arguments(call, rows), self.amp)
 
-    def squared_error(self, call: int, rows: torch.Tensor, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-        """Summed squared error at the real tokens of ``rows``, and how many values it sums."""
-        args, kwargs, reference, keep = self.inputs(call, rows)
-        y = layer_output(self.layer, weights, args, kwargs, self.amp)
-        return masked_squared_error(y, reference, keep), values_at(keep, reference)
-
 
 def layer_output(layer: nn.Module, weights: dict[str, torch.Tensor], args: tuple, kwargs: dict,
                  amp: bool) -> torch.Tensor:
